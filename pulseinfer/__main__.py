@@ -1,0 +1,3 @@
+from pulseinfer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""``pulseinfer`` — a thin argparse shell over functions that return tables.
+
+Exit status: 0 on success, 2 on bad input (one ``error:`` line on stderr naming the field, the value and
+what was expected), 1 on an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pulseinfer",
+        description="Simulate long-context LLM decode serving with sparse KV-cache offloading.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace through each policy and compare them",
+        description="Replay a scenario's workload through each policy on one simulated GPU and print a "
+        "summary table (one row per policy, with ratios to sglang).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sim.add_argument(
+        "scenario",
+        nargs="?",
+        default=None,
+        help="scenario YAML path or shipped scenario name (default: the shipped 'default' scenario)",
+    )
+    sim.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: results/<scenario name>)"
+    )
+    sim.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set workload.time_scale=0.5 --set policies=sglang,pulseinfer",
+    )
+    sim.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        return _simulate(args)
+    return 1
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from sim.kv import CapacityError
+    from sim.loader import ScenarioError, load_scenario
+    from sim.report import format_summary
+    from sim.run import simulate, with_ratios
+
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        started = time.perf_counter()
+        progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
+        result = simulate(scenario, progress=progress)
+    except (ScenarioError, CapacityError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    wall_s = time.perf_counter() - started
+    out = args.out or Path("results") / scenario.name
+    result.write(out)
+    n = len(result.workload)
+    print(
+        f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}"
+    )
+    print(format_summary(with_ratios(result.summary)))
+    print(
+        f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)"
+    )
+    return 0
+
+
+def _tqdm_progress(policy: str, total: int):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"{policy:>10}", unit="req", file=sys.stderr, leave=True)
+
+    def on_finish(_req: object) -> None:
+        bar.update(1)
+        if bar.n >= total:
+            bar.close()
+
+    return on_finish
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""GPU compute-time model: a roofline per decoder layer for decode, FLOPs over achieved peak for prefill.
+
+Decode, one layer, batch of B requests attending T tokens in total (sum over the batch)::
+
+    bytes  = W_layer + E_touched(B) · W_expert + T · kv_bytes_per_token_layer
+    flops  = 2 · B · P_active_layer + 4 · num_heads · head_dim · T
+    time   = max(bytes / (hbm_bandwidth · hbm_efficiency), flops / (bf16_peak · prefill_mfu))
+
+``W_layer`` is the attention and dense-MLP (or router) weight bytes; for MoE, ``E_touched(B) = E · (1 −
+(1 − k/E)^B)`` is the expected number of distinct experts that B tokens route to (uniform routing), each
+read once. ``4 · num_heads · head_dim`` FLOPs per attended token is QKᵀ plus AV (2 + 2 multiply-adds per
+channel). Sources: the bandwidth roofline of REFERENCE.md §6 item 5 (decode is HBM-bound, ridge point
+~295 FLOP/B on H100, §3.1); peak and bandwidth from the hardware card.
+
+Prefill, one forward over chunks (c new tokens after p cached tokens each)::
+
+    flops = Σ [2 · c · L · P_active_layer + 4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
+            + 2 · hidden · vocab per request whose prompt completes (its first token)
+    time  = max(flops / (bf16_peak · prefill_mfu), weight_bytes / (hbm_bandwidth · hbm_efficiency))
+
+Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors;
+calibrated profiles (a later issue) replace this model.
+"""
+
+from __future__ import annotations
+
+from sim.specs import HardwareSpec, ModelSpec
+
+
+class ComputeModel:
+    """Decode-layer and prefill times in seconds for one model on one GPU.
+
+    Args:
+        model: the model card.
+        hardware: the GPU card (bandwidth, peak, efficiencies, per-step overhead).
+    """
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec) -> None:
+        db = model.dtype_bytes
+        self.num_layers = model.num_layers
+        self.bandwidth_bps = hardware.hbm_bandwidth_gbps * 1e9 * hardware.hbm_efficiency
+        self.flops_per_s = hardware.bf16_tflops * 1e12 * hardware.prefill_mfu
+        self.kv_bytes_per_token_layer = model.kv_bytes_per_token_layer
+        self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
+        self.num_experts = model.num_experts
+        self.num_active_experts = model.num_active_experts
+        self.shared_weight_bytes_layer = (model.attn_params_per_layer + model.dense_mlp_params_per_layer) * db
+        self.expert_bytes = model.expert_params * db
+        self.active_params_layer = model.active_params_per_layer
+        self.lm_head_params = model.vocab_size * model.hidden_size
+        self.lm_head_bytes = self.lm_head_params * db
+        self.weight_bytes = model.weight_bytes
+        self.step_overhead_s = hardware.decode_step_overhead_us * 1e-6
+
+    def experts_touched(self, batch_size: int) -> float:
+        """Expected distinct experts per MoE layer for ``batch_size`` tokens (0 for dense models)."""
+        if not self.num_experts:
+            return 0.0
+        e, k = self.num_experts, self.num_active_experts
+        return e * (1.0 - (1.0 - k / e) ** batch_size)
+
+    def decode_layer_s(self, batch_size: int, attended_tokens: int) -> float:
+        """One decoder layer of one decode step.
+
+        Args:
+            batch_size: requests in the step (one new token each).
+            attended_tokens: KV tokens read by attention, summed over the batch (block summaries read
+                by selection count as tokens: one summary is the size of one token's K and V).
+        """
+        nbytes = (
+            self.shared_weight_bytes_layer
+            + self.experts_touched(batch_size) * self.expert_bytes
+            + attended_tokens * self.kv_bytes_per_token_layer
+        )
+        flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * attended_tokens
+        return max(nbytes / self.bandwidth_bps, flops / self.flops_per_s)
+
+    def decode_head_s(self, batch_size: int) -> float:
+        """LM head and sampling of one decode step (after the last layer)."""
+        flops = 2 * batch_size * self.lm_head_params
+        return max(self.lm_head_bytes / self.bandwidth_bps, flops / self.flops_per_s)
+
+    def prefill_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
+        """One prefill forward.
+
+        Args:
+            chunks: ``(new_tokens, cached_tokens)`` per request in the forward.
+            num_completing: requests whose prompt completes in this forward (they sample a token).
+        """
+        flops = 2.0 * num_completing * self.lm_head_params
+        per_token = 2.0 * self.num_layers * self.active_params_layer
+        attn = self.attn_flops_per_token * self.num_layers
+        for new, cached in chunks:
+            flops += per_token * new + attn * (new * cached + new * (new + 1) / 2)
+        return max(flops / self.flops_per_s, self.weight_bytes / self.bandwidth_bps)

@@ -1,0 +1,149 @@
+"""Load a scenario YAML, resolve model and hardware card names, apply ``key=value`` overrides, validate.
+
+Flow: read YAML → dict → overrides (dotted keys; a card name met on the way is expanded to its card so
+``hardware.h2d_bandwidth_gbps=25`` works on ``hardware: h200``) → remaining card names expanded →
+``Scenario.model_validate``. Every failure is a :class:`ScenarioError` with one line naming the key, the
+value and what was expected; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sim.specs import Scenario
+
+CARD_KINDS = {"model": "models", "hardware": "hardware"}
+DEFAULT_SCENARIO = "default"
+LIST_KEYS = {"policies"}  # list fields settable as a comma-separated string
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input: unknown key, wrong value, missing file. The message is one line."""
+
+
+def scenarios_dir() -> Path:
+    """Folder of the shipped scenarios and cards."""
+    return Path(str(files("scenarios")))
+
+
+def card_names(kind: str) -> list[str]:
+    """Names of the shipped cards of one kind (``"model"`` or ``"hardware"``)."""
+    return sorted(p.stem for p in (scenarios_dir() / CARD_KINDS[kind]).glob("*.yaml"))
+
+
+def load_card(kind: str, name: str) -> dict[str, Any]:
+    """Read a shipped card as a plain dict.
+
+    Raises:
+        ScenarioError: if no card of that kind has that name (the message lists the shipped ones).
+    """
+    path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
+    if not path.is_file():
+        raise ScenarioError(f"{kind}: unknown card {name!r} (shipped: {', '.join(card_names(kind))})")
+    return _read_yaml(path)
+
+
+def resolve_scenario_path(scenario: str | Path | None) -> Path:
+    """A path to a YAML file, or the name of a shipped scenario (``default``, ``examples/...``)."""
+    if scenario is None:
+        scenario = DEFAULT_SCENARIO
+    path = Path(scenario)
+    if path.is_file():
+        return path
+    shipped = scenarios_dir() / f"{scenario}.yaml"
+    if shipped.is_file():
+        return shipped
+    shipped_names = sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
+    raise ScenarioError(
+        f"scenario: no such file or shipped scenario {str(scenario)!r} (shipped: {shipped_names})"
+    )
+
+
+def load_scenario(scenario: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:
+    """Load, override and validate a scenario.
+
+    Args:
+        scenario: YAML path or shipped scenario name; None means the shipped default.
+        overrides: ``"dotted.key=value"`` strings; values parse as YAML scalars (``2048``, ``true``,
+            ``null``); a comma-separated value sets a list field (``policies=sglang,pulseinfer``).
+
+    Raises:
+        ScenarioError: one line naming the key, the value and what was expected.
+    """
+    raw = _read_yaml(resolve_scenario_path(scenario))
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value)
+    for kind in CARD_KINDS:
+        if isinstance(raw.get(kind), str):
+            raw[kind] = load_card(kind, raw[kind])
+    return validate_scenario(raw)
+
+
+def validate_scenario(raw: dict[str, Any]) -> Scenario:
+    """Validate a plain dict as a :class:`Scenario`, turning pydantic errors into one line."""
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """``a.b: message (got value)`` for each error, joined by ``; ``."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        got = err.get("input")
+        shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc or 'scenario'}: {msg}{shown}")
+    return "; ".join(parts)
+
+
+def dump_scenario(scenario: Scenario, path: Path) -> None:
+    """Write the resolved scenario (cards expanded) so the run can be reproduced from it alone."""
+    path.write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError(f"--set {item!r}: expected key=value, e.g. workload.time_scale=0.5")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    return key.strip(), value
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    node: Any = raw
+    parts = key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        if depth == 0 and part in CARD_KINDS and isinstance(node.get(part), str):
+            node[part] = load_card(part, node[part])
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ScenarioError(f"--set {key}: {'.'.join(parts[: depth + 1])} is not a mapping")
+        node = child
+    leaf = parts[-1]
+    if isinstance(value, str) and ("," in value or isinstance(node.get(leaf), list) or key in LIST_KEYS):
+        value = [yaml.safe_load(v.strip()) for v in value.split(",") if v.strip()]
+    node[leaf] = value

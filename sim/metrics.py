@@ -1,0 +1,133 @@
+"""Records → DataFrames → one summary row per policy.
+
+Definitions (STYLE.md §9.3, vLLM's benchmark metrics):
+
+* ``ttft_s`` = first token − arrival; ``e2e_s`` = finish − arrival;
+* ``tpot_s`` = (e2e − ttft) / (output tokens − 1), undefined (NaN) for requests with < 2 output tokens;
+* ``decode_tokens_per_s`` = tokens sampled by decode steps / duration, where duration runs from the
+  first arrival to the last finish (or to the horizon, when the run is cut);
+* ``goodput_requests_per_s`` = finished requests meeting every SLO bound that is set / duration;
+* ``mean_batch`` = mean decode batch size over decode steps; ``link_busy_frac`` = H2D busy time /
+  duration; ``stall_frac`` = GPU time waiting on recalls / decode time;
+* ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.specs import GIB, SloSpec
+
+STEP_COLUMNS = [
+    "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",
+    "attended_tokens", "recall_bytes", "num_transfers", "stall_s", "kv_used_blocks", "hbm_used_bytes",
+    "host_used_bytes",
+]  # fmt: skip
+REQUEST_COLUMNS = [
+    "request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
+    "output_tokens", "generated_tokens", "offloaded", "num_preemptions", "finished", "unfinished_reason",
+]  # fmt: skip
+SUMMARY_COLUMNS = [
+    "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
+    "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
+    "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s",
+]  # fmt: skip
+
+
+@dataclass
+class Recorder:
+    """Append-only records of one policy's run; turned into tables once, at the end."""
+
+    steps: list[tuple] = field(default_factory=list)
+    requests: list = field(default_factory=list)  # sim.scheduler.Request objects, finished or rejected
+    link_busy_s: float = 0.0
+    decode_tokens: int = 0
+    num_preemptions: int = 0
+
+
+def requests_table(reqs: list) -> pd.DataFrame:
+    """Per-request table (one row per request that arrived), sorted by request_id."""
+    rows = []
+    for r in reqs:
+        done = not np.isnan(r.finish_s) and not r.unfinished_reason
+        ttft = r.first_token_s - r.arrival_s
+        e2e = r.finish_s - r.arrival_s if done else np.nan
+        tpot = (e2e - ttft) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
+        rows.append(
+            (
+                r.request_id, r.arrival_s, r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prompt_tokens,
+                r.output_tokens, r.generated, r.offloaded, r.num_preemptions, done, r.unfinished_reason,
+            )
+        )  # fmt: skip
+    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+def steps_table(rec: Recorder) -> pd.DataFrame:
+    """Per-step table (prefill forwards and decode steps in time order)."""
+    return pd.DataFrame(rec.steps, columns=STEP_COLUMNS)
+
+
+def meets_slo(requests: pd.DataFrame, slo: SloSpec) -> pd.Series:
+    """Boolean per request: finished and within every SLO bound that is set (NaN TPOT passes)."""
+    ok = requests["finished"].copy()
+    if slo.tpot_ms is not None:
+        ok &= ~(requests["tpot_s"] > slo.tpot_ms * 1e-3)
+    if slo.ttft_s is not None:
+        ok &= requests["ttft_s"] <= slo.ttft_s
+    return ok
+
+
+def summarize(
+    policy: str,
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    rec: Recorder,
+    slo: SloSpec,
+    fixed_hbm_bytes: int,
+    block_bytes: int,
+    end_s: float,
+) -> dict:
+    """One summary row (a dict with :data:`SUMMARY_COLUMNS` keys) for one policy's run.
+
+    Args:
+        end_s: when the run ended (last finish, or the horizon).
+        fixed_hbm_bytes: weights + reserve; block_bytes: bytes of one device-pool block.
+    """
+    start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    duration = max(end_s - start_s, 1e-12)
+    done = requests[requests["finished"]]
+    tpot = done["tpot_s"].dropna()
+    decode = steps[steps["phase"] == "decode"]
+    decode_time = float(decode["duration_s"].sum())
+    prefill_time = float(steps.loc[steps["phase"] == "prefill", "duration_s"].sum())
+
+    def pct(s: pd.Series, q: float) -> float:
+        return float(np.percentile(s, q)) if len(s) else np.nan
+
+    return {
+        "policy": policy,
+        "finished": int(len(done)),
+        "unfinished": int(len(requests) - len(done)),
+        "decode_tokens_per_s": rec.decode_tokens / duration,
+        "tpot_mean_s": float(tpot.mean()) if len(tpot) else np.nan,
+        "tpot_p50_s": pct(tpot, 50),
+        "tpot_p99_s": pct(tpot, 99),
+        "ttft_p50_s": pct(done["ttft_s"], 50),
+        "ttft_p99_s": pct(done["ttft_s"], 99),
+        "goodput_requests_per_s": float(meets_slo(requests, slo).sum()) / duration,
+        "mean_batch": float(decode["batch_size"].mean()) if len(decode) else 0.0,
+        "link_busy_frac": rec.link_busy_s / duration,
+        "peak_hbm_gib": (
+            fixed_hbm_bytes + int(steps["kv_used_blocks"].max() if len(steps) else 0) * block_bytes
+        )
+        / GIB,
+        "stall_frac": float(decode["stall_s"].sum()) / decode_time if decode_time else 0.0,
+        "offloaded_frac": float(requests["offloaded"].mean()) if len(requests) else 0.0,
+        "num_preemptions": rec.num_preemptions,
+        "prefill_busy_frac": prefill_time / duration,
+        "duration_s": duration,
+    }

@@ -1,0 +1,56 @@
+"""The policy interface the scheduler calls. Arrays are per request of the decode batch, length n."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.compute import ComputeModel
+from sim.specs import Scenario, SglangPolicy
+
+
+@dataclass(slots=True)
+class StepCost:
+    """What one decode step costs, before the layer pipeline turns it into time."""
+
+    compute_s: list[float]  # per layer, GPU time
+    recall_s: list[float] | None  # per layer, link time; None when nothing is recalled
+    head_s: float  # LM head + sampling after the last layer
+    recall_bytes: int  # H2D bytes of the whole step
+    num_transfers: int  # H2D transfers of the whole step
+    attended_tokens: int  # KV tokens read per layer, summed over the batch
+
+
+class Policy:
+    """Base class: the knobs every policy shares with SGLang-like continuous batching.
+
+    Subclasses set ``name`` and override :meth:`wants_offload`, :meth:`device_blocks` and
+    :meth:`step_cost`.
+    """
+
+    name = "base"
+
+    def __init__(self, scenario: Scenario, params: SglangPolicy) -> None:
+        self.params = params
+        self.block_size = params.block_size
+        self.model = scenario.model
+        self.compute = ComputeModel(scenario.model, scenario.hardware)
+
+    def wants_offload(self, prompt_tokens: int) -> bool:
+        """Whether a request with this prompt runs offloaded (sparse recall)."""
+        return False
+
+    def device_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
+        """Device-pool blocks held by each request with ``ctx`` KV tokens (int64 [n])."""
+        return -(-ctx // self.block_size)
+
+    def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
+        """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
+        return -(-future_tokens // self.block_size)
+
+    def step_cost(
+        self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator
+    ) -> StepCost:
+        """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
+        raise NotImplementedError

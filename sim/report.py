@@ -1,0 +1,36 @@
+"""Human-readable rendering of the summary table (the CSV keeps full precision and SI units)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+DISPLAY = [
+    # (column, header, scale, format)
+    ("policy", "policy", None, "{}"),
+    ("finished", "done", None, "{:d}"),
+    ("unfinished", "unfin", None, "{:d}"),
+    ("decode_tokens_per_s", "decode tok/s", 1.0, "{:.0f}"),
+    ("throughput_vs_sglang", "x sglang", 1.0, "{:.2f}"),
+    ("tpot_mean_s", "TPOT mean ms", 1e3, "{:.1f}"),
+    ("tpot_p50_s", "TPOT p50 ms", 1e3, "{:.1f}"),
+    ("tpot_p99_s", "TPOT p99 ms", 1e3, "{:.1f}"),
+    ("ttft_p50_s", "TTFT p50 s", 1.0, "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99 s", 1.0, "{:.2f}"),
+    ("goodput_requests_per_s", "goodput req/s", 1.0, "{:.3f}"),
+    ("mean_batch", "mean batch", 1.0, "{:.1f}"),
+    ("link_busy_frac", "link busy %", 100.0, "{:.1f}"),
+    ("stall_frac", "stall %", 100.0, "{:.1f}"),
+    ("num_preemptions", "retracted", None, "{:d}"),
+    ("peak_hbm_gib", "peak HBM GiB", 1.0, "{:.1f}"),
+]
+
+
+def format_summary(summary: pd.DataFrame) -> str:
+    """The summary as an aligned text table with units in the headers (ms for TPOT, % for fractions)."""
+    cols = {}
+    for col, header, scale, fmt in DISPLAY:
+        if col not in summary:
+            continue
+        values = summary[col] * scale if scale is not None else summary[col]
+        cols[header] = [("-" if pd.isna(v) else fmt.format(v)) for v in values]
+    return pd.DataFrame(cols).to_string(index=False)

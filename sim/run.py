@@ -1,0 +1,187 @@
+"""``simulate(scenario) -> SimResult``: load the workload, run each policy on its own replica, tabulate.
+
+Each policy gets a fresh SimPy environment and a generator seeded from ``(scenario.seed, policy index)``,
+so policies do not share random streams and the same seed gives identical tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+
+import traces
+from sim.loader import ScenarioError, dump_scenario
+from sim.metrics import SUMMARY_COLUMNS, Recorder, requests_table, steps_table, summarize
+from sim.policies import POLICIES
+from sim.scheduler import Replica, Request
+from sim.specs import Scenario
+
+BASELINE = "sglang"
+RATIO_COLUMNS = {
+    "decode_tokens_per_s": "throughput_vs_sglang",
+    "goodput_requests_per_s": "goodput_vs_sglang",
+    "tpot_mean_s": "tpot_mean_vs_sglang",
+    "tpot_p99_s": "tpot_p99_vs_sglang",
+}
+
+
+@dataclass
+class PolicyResult:
+    """Tables of one policy's run."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced; :meth:`write` puts it on disk."""
+
+    scenario: Scenario
+    workload: pd.DataFrame
+    policies: dict[str, PolicyResult] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """One row per policy, columns :data:`sim.metrics.SUMMARY_COLUMNS`."""
+        return pd.DataFrame([r.summary for r in self.policies.values()], columns=SUMMARY_COLUMNS)
+
+    def write(self, out_dir: Path) -> None:
+        """Write summary.csv, requests.csv, steps.csv (with a ``policy`` column) and scenario.yaml."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.summary.to_csv(out_dir / "summary.csv", index=False)
+        for name, table in (("requests", "requests"), ("steps", "steps")):
+            frames = [getattr(r, table).assign(policy=p) for p, r in self.policies.items()]
+            df = pd.concat(frames, ignore_index=True)
+            df = df[["policy"] + [c for c in df.columns if c != "policy"]]
+            df.to_csv(out_dir / f"{name}.csv", index=False)
+        dump_scenario(self.scenario, out_dir / "scenario.yaml")
+
+
+def load_workload(scenario: Scenario) -> pd.DataFrame:
+    """The request table the scenario describes (trace or synthetic, then shaped).
+
+    Raises:
+        ScenarioError: if the trace is missing or malformed, or shaping removes every request.
+    """
+    w = scenario.workload
+    try:
+        if w.synthetic is not None:
+            s = w.synthetic
+            rng = np.random.default_rng([scenario.seed, 0xA11])
+            df = traces.synthetic_requests(
+                s.num_requests, s.rate_per_s, s.prompt_tokens_mean, s.output_tokens_mean, rng,
+                prompt_tokens_cv=s.prompt_tokens_cv, output_tokens_cv=s.output_tokens_cv,
+            )  # fmt: skip
+        else:
+            df = traces.load_trace(w.trace, w.format)
+        return traces.shape_requests(
+            df,
+            start_s=w.start_s,
+            end_s=w.end_s,
+            max_requests=w.max_requests,
+            time_scale=w.time_scale,
+            target_rate_per_s=w.target_rate_per_s,
+            min_prompt_tokens=w.min_prompt_tokens,
+            max_prompt_tokens=w.max_prompt_tokens,
+        )
+    except traces.TraceError as exc:
+        raise ScenarioError(f"workload.trace: {exc}") from None
+    except ValueError as exc:
+        raise ScenarioError(f"workload: {exc}") from None
+
+
+def simulate_policy(
+    scenario: Scenario,
+    workload: pd.DataFrame,
+    policy_name: str,
+    seed_index: int = 0,
+    on_finish: Callable[[Request], None] | None = None,
+) -> PolicyResult:
+    """Run one policy over the workload on one replica.
+
+    Raises:
+        CapacityError: if the model does not fit in HBM.
+    """
+    env = simpy.Environment()
+    policy = POLICIES[policy_name](scenario)
+    rng = np.random.default_rng([scenario.seed, seed_index])
+    rec = Recorder()
+    reqs = [
+        Request(int(i), float(a), int(p), int(o))
+        for i, a, p, o in zip(
+            workload["request_id"],
+            workload["arrival_s"],
+            workload["prompt_tokens"],
+            workload["output_tokens"],
+        )
+    ]
+    replica = Replica(env, scenario, policy, reqs, rng, rec, on_finish)
+    env.process(replica.arrivals())
+    main = env.process(replica.run())
+    horizon = scenario.run.horizon_s
+    env.run(until=main if horizon is None else min_event(env, main, horizon))
+    _collect_unfinished(replica, reqs, rec)
+    requests = requests_table(rec.requests)
+    steps = steps_table(rec)
+    end_s = float(requests["finish_s"].max()) if horizon is None else env.now
+    if np.isnan(end_s):
+        end_s = env.now
+    summary = summarize(
+        policy_name, requests, steps, rec, scenario.slo, replica.fixed_hbm_bytes, replica.block_bytes, end_s
+    )
+    return PolicyResult(requests, steps, summary)
+
+
+def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> simpy.Event:
+    """An event that fires when ``main`` ends or at ``horizon_s``, whichever is first."""
+    return env.any_of([main, env.timeout(horizon_s)])
+
+
+def _collect_unfinished(replica: Replica, reqs: list[Request], rec: Recorder) -> None:
+    """Requests that arrived but neither finished nor were rejected (the horizon cut them)."""
+    if len(replica.batch):
+        replica.batch.remove(np.ones(len(replica.batch), dtype=bool))
+    recorded = {r.request_id for r in rec.requests}
+    for r in reqs[: replica.arrived]:
+        if r.request_id not in recorded:
+            r.unfinished_reason = "horizon"
+            rec.requests.append(r)
+
+
+def simulate(
+    scenario: Scenario, progress: Callable[[str, int], Callable[[Request], None]] | None = None
+) -> SimResult:
+    """Simulate every policy of the scenario on the same workload.
+
+    Args:
+        scenario: a validated scenario.
+        progress: optional factory ``(policy_name, num_requests) -> on_finish callback``.
+
+    Raises:
+        ScenarioError: bad workload input.
+        CapacityError: the model does not fit on the hardware.
+    """
+    workload = load_workload(scenario)
+    result = SimResult(scenario, workload)
+    for i, name in enumerate(scenario.policies):
+        on_finish = progress(name, len(workload)) if progress else None
+        result.policies[name] = simulate_policy(scenario, workload, name, seed_index=i, on_finish=on_finish)
+    return result
+
+
+def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add ``*_vs_sglang`` ratio columns for throughput, goodput and TPOT when sglang was run."""
+    if BASELINE not in set(summary["policy"]):
+        return summary
+    base = summary.set_index("policy").loc[BASELINE]
+    out = summary.copy()
+    for col, ratio in RATIO_COLUMNS.items():
+        out[ratio] = out[col] / base[col]
+    return out

@@ -1,0 +1,404 @@
+"""SGLang-like continuous batching on one GPU replica, as a SimPy process (REFERENCE.md §5.2).
+
+One iteration of :meth:`Replica.run`:
+
+1. **Prefill first.** If a chunked request is in flight or the head of the waiting queue can be admitted,
+   run one prefill forward of at most ``chunked_prefill_tokens`` new tokens (FCFS, stopping at the first
+   request that does not fit, like SGLang's ``PrefillAdder``). Admission needs the request's device
+   blocks plus a reservation for future tokens (remaining output, clipped, × ``new_token_ratio``) of
+   every running request; offloaded requests also need host DRAM for their whole KV.
+2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (retracting
+   requests with the fewest generated tokens while the pool is short, SGLang ``retract_decode``), ask
+   the policy what the step costs, run the layer pipeline (``sim/pipeline.py``), advance every request
+   and finish those that are done.
+3. **Else sleep** until the next arrival.
+
+Token bookkeeping: ``ctx`` counts tokens whose KV is cached. A prefill of N tokens caches N and samples
+one token; a decode step caches the last sampled token (ctx + 1), attends ctx + 1 tokens and samples
+the next. A retracted request later re-prefills its prompt plus the tokens it had generated.
+
+Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
+plus an O(num_layers) pipeline recurrence. Requests are synced back from the arrays only when they
+leave the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.kv import Pool, device_pool_blocks
+from sim.metrics import Recorder
+from sim.pipeline import run_closed_form, run_events
+from sim.policies.base import Policy
+from sim.specs import Scenario
+
+NAN = math.nan
+
+
+@dataclass(slots=True)
+class Request:
+    """One request and its serving state (times in simulation seconds)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    generated: int = 0  # output tokens sampled so far
+    prefill_target: int = 0  # tokens the current (re)prefill must cache
+    prefilled: int = 0  # tokens of the current prefill already cached
+    offloaded: bool = False
+    device_blocks: int = 0  # device-pool blocks held
+    host_bytes: int = 0  # host DRAM held (offloaded KV)
+    first_token_s: float = NAN
+    finish_s: float = NAN
+    num_preemptions: int = 0
+    unfinished_reason: str = ""
+
+
+class DecodeBatch:
+    """The running decode batch as parallel arrays (struct of arrays) plus the Request objects."""
+
+    def __init__(self) -> None:
+        self.reqs: list[Request] = []
+        self.ctx = np.zeros(0, dtype=np.int64)  # cached KV tokens
+        self.generated = np.zeros(0, dtype=np.int64)
+        self.output = np.zeros(0, dtype=np.int64)
+        self.blocks = np.zeros(0, dtype=np.int64)  # device blocks held
+        self.offloaded = np.zeros(0, dtype=bool)
+        self.cold = np.zeros(0, dtype=bool)  # recall buffer empty (first step after prefill)
+        self.prompt = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, reqs: list[Request]) -> None:
+        """Append requests that just finished prefill (their ``prefill_target`` tokens are cached)."""
+        if not reqs:
+            return
+        self.reqs.extend(reqs)
+        self.ctx = np.append(self.ctx, [r.prefill_target for r in reqs])
+        self.generated = np.append(self.generated, [r.generated for r in reqs])
+        self.output = np.append(self.output, [r.output_tokens for r in reqs])
+        self.blocks = np.append(self.blocks, [r.device_blocks for r in reqs])
+        self.offloaded = np.append(self.offloaded, [r.offloaded for r in reqs])
+        self.cold = np.append(self.cold, np.ones(len(reqs), dtype=bool))
+        self.prompt = np.append(self.prompt, [r.prompt_tokens for r in reqs])
+
+    def remove(self, mask: np.ndarray) -> list[Request]:
+        """Drop the requests where ``mask`` is True; sync and return them."""
+        gone = [self.reqs[i] for i in np.flatnonzero(mask)]
+        for i, r in zip(np.flatnonzero(mask), gone):
+            r.generated = int(self.generated[i])
+            r.device_blocks = int(self.blocks[i])
+        keep = ~mask
+        self.reqs = [r for r, k in zip(self.reqs, keep) if k]
+        for name in ("ctx", "generated", "output", "blocks", "offloaded", "cold", "prompt"):
+            setattr(self, name, getattr(self, name)[keep])
+        return gone
+
+
+class Replica:
+    """One GPU replica serving a request table with one policy.
+
+    Args:
+        env: the SimPy environment.
+        scenario: the validated scenario.
+        policy: the policy instance (``sim.policies.POLICIES[name](scenario)``).
+        requests: requests in arrival order.
+        rng: seeded generator for the policy's random draws.
+        recorder: where step and request records go.
+        on_finish: called with each finished or rejected request (progress bars).
+
+    Raises:
+        CapacityError: if the model does not fit in HBM at all.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        scenario: Scenario,
+        policy: Policy,
+        requests: list[Request],
+        rng: np.random.Generator,
+        recorder: Recorder,
+        on_finish: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.env, self.scenario, self.policy, self.rng, self.rec = env, scenario, policy, rng, recorder
+        self.requests = requests
+        self.on_finish = on_finish or (lambda r: None)
+        model, hw, p = scenario.model, scenario.hardware, policy.params
+        self.device = Pool(device_pool_blocks(model, hw, p.block_size))
+        self.host = Pool(hw.host_dram_bytes)
+        self.block_bytes = p.block_size * model.kv_bytes_per_token
+        self.fixed_hbm_bytes = model.weight_bytes + hw.reserve_bytes
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.layer_events = scenario.run.layer_model == "events"
+        self.debug = scenario.run.debug_checks
+        self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (REFERENCE §3.2)
+        self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
+        self.link_free_s = 0.0
+        self.waiting: deque[Request] = deque()
+        self.batch = DecodeBatch()
+        self.chunked: Request | None = None  # request whose prefill is split across forwards
+        self.num_offloaded = 0
+        self.new_token_ratio = p.new_token_ratio_init
+        self.ratio_decay = (p.new_token_ratio_init - p.new_token_ratio_min) / p.new_token_ratio_decay_steps
+        self.arrived = 0
+        self.wake: simpy.Event = env.event()
+        self.step_id = 0
+
+    # ---- processes -------------------------------------------------------------------------------
+    def arrivals(self) -> Generator[simpy.Event, object, None]:
+        """Release requests into the waiting queue at their arrival times."""
+        for req in self.requests:
+            if req.arrival_s > self.env.now:
+                yield self.env.timeout(req.arrival_s - self.env.now)
+            self.waiting.append(req)
+            self.arrived += 1
+            if not self.wake.triggered:
+                self.wake.succeed()
+
+    def run(self) -> Generator[simpy.Event, object, None]:
+        """The scheduler loop; returns when every request has finished or been rejected."""
+        total = len(self.requests)
+        while True:
+            chunks = self._build_prefill()
+            if chunks:
+                yield from self._prefill(chunks)
+            elif len(self.batch):
+                yield from self._decode_step()
+            elif self.arrived == total and not self.waiting and self.chunked is None:
+                return
+            else:
+                self.wake = self.env.event()
+                yield self.wake
+
+    # ---- prefill ---------------------------------------------------------------------------------
+    def _build_prefill(self) -> list[tuple[Request, int]]:
+        p = self.policy.params
+        budget = p.chunked_prefill_tokens
+        chunks: list[tuple[Request, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            take = min(req.prefill_target - req.prefilled, budget)
+            chunks.append((req, take))
+            budget -= take
+            if req.prefilled + take < req.prefill_target:
+                return chunks
+            self.chunked = None
+        if not self.waiting or budget <= 0:
+            return chunks
+        reserved = self._reserved_blocks()
+        running = len(self.batch) + len(chunks)
+        while self.waiting and budget > 0 and running < p.max_running_requests:
+            req = self.waiting[0]
+            verdict = self._admit(req, reserved)
+            if verdict == "wait":
+                break
+            self.waiting.popleft()
+            if verdict != "ok":
+                self._reject(req, verdict)
+                continue
+            reserved += self._future_blocks(req)
+            take = min(req.prefill_target, budget)
+            chunks.append((req, take))
+            budget -= take
+            running += 1
+            if take < req.prefill_target:
+                self.chunked = req
+                break
+        return chunks
+
+    def _future_blocks(self, req: Request) -> float:
+        future = min(req.output_tokens - req.generated, self.policy.params.clip_max_new_tokens)
+        grow = self.policy.growth_blocks(np.array([future]), np.array([req.offloaded]))
+        return float(grow[0]) * self.new_token_ratio
+
+    def _reserved_blocks(self) -> float:
+        b = self.batch
+        if not len(b):
+            return 0.0
+        future = np.minimum(b.output - b.generated, self.policy.params.clip_max_new_tokens)
+        return float(self.policy.growth_blocks(future, b.offloaded).sum()) * self.new_token_ratio
+
+    def _admit(self, req: Request, reserved: float) -> str:
+        """'ok' (blocks taken), 'wait', or the reason the request can never be served."""
+        total_tokens = req.prompt_tokens + req.output_tokens
+        if total_tokens > self.scenario.model.max_seq_len:
+            return "exceeds_max_seq_len"
+        offloaded = self.policy.wants_offload(req.prompt_tokens)
+        target = req.prompt_tokens + req.generated
+        need = int(self.policy.device_blocks(np.array([target]), np.array([offloaded]))[0])
+        worst = int(self.policy.device_blocks(np.array([total_tokens]), np.array([offloaded]))[0])
+        if worst > self.device.capacity:
+            return "exceeds_kv_pool"
+        host_need = total_tokens * self.kv_bytes_per_token if offloaded else 0
+        if host_need > self.host.capacity:
+            return "exceeds_host_dram"
+        req.offloaded = offloaded
+        if offloaded and (
+            self.num_offloaded >= self.policy.params.max_offloaded_requests or host_need > self.host.free
+        ):
+            return "wait"
+        if need + self._future_blocks(req) > self.device.free - reserved:
+            return "wait"
+        self.device.allocate(need)
+        if offloaded:
+            self.host.allocate(host_need)
+            self.num_offloaded += 1
+        req.device_blocks, req.host_bytes = need, host_need
+        req.prefill_target, req.prefilled = target, 0
+        return "ok"
+
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> Generator[simpy.Event, object, None]:
+        start = self.env.now
+        done = [r for r, take in chunks if r.prefilled + take >= r.prefill_target]
+        duration = self.policy.compute.prefill_s([(take, r.prefilled) for r, take in chunks], len(done))
+        if self.layer_events:
+            with self.gpu.request() as gpu:
+                yield gpu
+                yield self.env.timeout(duration)
+        else:
+            yield self.env.timeout(duration)
+        for r, take in chunks:
+            r.prefilled += take
+        now = self.env.now
+        joining = []
+        for r in done:
+            r.generated = min(r.generated + 1, r.output_tokens)
+            if math.isnan(r.first_token_s):
+                r.first_token_s = now
+            if r.generated >= r.output_tokens:
+                self._finish(r)
+            else:
+                joining.append(r)
+        self.batch.add(joining)
+        tokens = sum(take for _, take in chunks)
+        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, 0, 0, 0, 0.0)
+
+    # ---- decode ----------------------------------------------------------------------------------
+    def _decode_step(self) -> Generator[simpy.Event, object, None]:
+        env, b, pol = self.env, self.batch, self.policy
+        start = env.now
+        self._grow_or_retract()
+        if not len(b):
+            return
+        ctx = b.ctx + 1
+        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng)
+        overhead = pol.compute.step_overhead_s
+        stall = 0.0
+        if cost.recall_s is None:
+            yield env.timeout(overhead + sum(cost.compute_s) + cost.head_s)
+        elif self.layer_events:
+            yield env.timeout(overhead)
+            timing = yield env.process(run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s))
+            stall = timing.stall_s
+            self.rec.link_busy_s += timing.link_busy_s
+            yield env.timeout(cost.head_s)
+        else:
+            timing = run_closed_form(start + overhead, cost.compute_s, cost.recall_s, self.link_free_s)
+            self.link_free_s = timing.link_free_s
+            stall = timing.stall_s
+            self.rec.link_busy_s += timing.link_busy_s
+            yield env.timeout(timing.end_s + cost.head_s - start)
+        b.ctx = ctx
+        b.generated += 1
+        b.cold[:] = False
+        n_off = int(b.offloaded.sum())
+        self._record(
+            "decode",
+            start,
+            len(b),
+            n_off,
+            0,
+            cost.attended_tokens,
+            cost.recall_bytes,
+            cost.num_transfers,
+            stall,
+        )
+        self.rec.decode_tokens += len(b)
+        self.new_token_ratio = max(
+            self.policy.params.new_token_ratio_min, self.new_token_ratio - self.ratio_decay
+        )
+        finished = b.generated >= b.output
+        if finished.any():
+            for r in b.remove(finished):
+                self._finish(r)
+
+    def _grow_or_retract(self) -> None:
+        """Allocate the blocks the next token needs; retract requests while the pool is short."""
+        b, pol = self.batch, self.policy
+        while len(b):
+            new_blocks = pol.device_blocks(b.ctx + 1, b.offloaded)
+            need = int((new_blocks - b.blocks).sum())
+            if self.device.allocate(need):
+                b.blocks = new_blocks
+                return
+            # SGLang retract_decode: fewest generated tokens first, then the longest prompt.
+            victim = int(np.lexsort((-b.prompt, b.generated))[0])
+            mask = np.zeros(len(b), dtype=bool)
+            mask[victim] = True
+            (req,) = b.remove(mask)
+            self._release(req)
+            req.num_preemptions += 1
+            self.waiting.appendleft(req)
+            self.new_token_ratio = self.policy.params.new_token_ratio_init
+            self.rec.num_preemptions += 1
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def _release(self, req: Request) -> None:
+        self.device.release(req.device_blocks)
+        req.device_blocks = 0
+        if req.offloaded:
+            self.host.release(req.host_bytes)
+            self.num_offloaded -= 1
+            req.host_bytes = 0
+
+    def _finish(self, req: Request) -> None:
+        req.finish_s = self.env.now
+        self._release(req)
+        self.rec.requests.append(req)
+        self.on_finish(req)
+
+    def _reject(self, req: Request, reason: str) -> None:
+        req.unfinished_reason = reason
+        self.rec.requests.append(req)
+        self.on_finish(req)
+
+    def _record(
+        self,
+        phase: str,
+        start: float,
+        batch_size: int,
+        num_offloaded: int,
+        prefill_tokens: int,
+        attended_tokens: int,
+        recall_bytes: int,
+        num_transfers: int,
+        stall_s: float,
+    ) -> None:
+        hbm = self.fixed_hbm_bytes + self.device.used * self.block_bytes
+        if self.debug:
+            self._check_invariants(hbm)
+        self.rec.steps.append(
+            (
+                self.step_id, phase, start, self.env.now - start, batch_size, num_offloaded, prefill_tokens,
+                attended_tokens, recall_bytes, num_transfers, stall_s, self.device.used, hbm, self.host.used,
+            )
+        )  # fmt: skip
+        self.step_id += 1
+
+    def _check_invariants(self, hbm_bytes: int) -> None:
+        """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""
+        held = int(self.batch.blocks.sum()) + (self.chunked.device_blocks if self.chunked else 0)
+        assert held == self.device.used, f"device blocks held {held} != pool used {self.device.used}"
+        assert hbm_bytes <= self.scenario.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"
+        assert 0 <= self.host.used <= self.host.capacity, f"host DRAM {self.host.used} B out of range"
+        expected = self.policy.device_blocks(self.batch.ctx, self.batch.offloaded)
+        assert np.array_equal(expected, self.batch.blocks), "block counts drifted from the KV tokens"

@@ -1,0 +1,294 @@
+"""Scenario schema: model, hardware, workload, policies, SLO and run options, validated with pydantic v2.
+
+A scenario is one YAML file (see ``scenarios/default.yaml``). Every model is frozen and rejects unknown
+keys, so a typo comes back with its dotted location (``workload.time_scal: Extra inputs are not
+permitted``). Derived quantities (KV bytes per token, weight bytes) are properties computed from the
+fields, never hard-coded.
+
+Units follow the key names: ``_gib`` = 2**30 bytes, ``_gbps`` = 1e9 bytes/s, ``_us`` = 1e-6 s.
+
+These models are the *edge*: the simulator's hot loops copy what they need into plain locals once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GIB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Spec):
+    """Transformer shape (one model card). Source of each card is named in its YAML file.
+
+    MoE models set ``num_experts``/``num_active_experts``/``expert_intermediate_size``; their dense
+    ``intermediate_size`` is 0. Norms and biases are ignored in parameter counts (< 0.1 % of weights).
+    """
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_heads: PositiveInt  # query heads
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    intermediate_size: Annotated[int, Field(ge=0)]  # dense SwiGLU MLP width; 0 for all-MoE models
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool = False
+    max_seq_len: PositiveInt = 131072  # longest context served (prompt + output tokens)
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    num_experts: Annotated[int, Field(ge=0)] = 0
+    num_active_experts: Annotated[int, Field(ge=0)] = 0
+    expert_intermediate_size: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.num_experts and not (0 < self.num_active_experts <= self.num_experts):
+            raise ValueError(
+                f"num_active_experts must be in [1, num_experts={self.num_experts}], "
+                f"got {self.num_active_experts}"
+            )
+        if self.num_experts and not self.expert_intermediate_size:
+            raise ValueError("expert_intermediate_size must be > 0 for an MoE model (num_experts > 0)")
+        if not self.num_experts and not self.intermediate_size:
+            raise ValueError("intermediate_size must be > 0 for a dense model (num_experts = 0)")
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × dtype bytes."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over all layers (REFERENCE.md §4: 160 KiB for Qwen3-14B)."""
+        return self.kv_bytes_per_token_layer * self.num_layers
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Q, K, V and O projection weights of one layer."""
+        q_dim = self.num_heads * self.head_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        return 2 * self.hidden_size * q_dim + 2 * self.hidden_size * kv_dim
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one SwiGLU expert (gate, up, down)."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        """Dense SwiGLU MLP (gate, up, down) plus, for MoE, the router."""
+        router = self.hidden_size * self.num_experts
+        return 3 * self.hidden_size * self.intermediate_size + router
+
+    @property
+    def params_per_layer(self) -> int:
+        """All weights of one layer (every expert counted)."""
+        return (
+            self.attn_params_per_layer
+            + self.dense_mlp_params_per_layer
+            + self.num_experts * self.expert_params
+        )
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Weights one token multiplies in one layer (active experts only)."""
+        return (
+            self.attn_params_per_layer
+            + self.dense_mlp_params_per_layer
+            + self.num_active_experts * self.expert_params
+        )
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus LM head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights in HBM (Qwen3-14B bf16: 29.5e9 B = 27.5 GiB; REFERENCE.md §5.1 says ≈ 27.6 GiB)."""
+        return (self.num_layers * self.params_per_layer + self.embedding_params) * self.dtype_bytes
+
+
+class HardwareSpec(_Spec):
+    """One GPU and its share of the host. Cards in ``scenarios/hardware/`` name their sources.
+
+    Datasheet cards carry ``measured: false``; a calibrated profile (a later issue) sets it true.
+    """
+
+    name: str
+    source: str = "unspecified"
+    measured: bool = False
+    hbm_gib: PositiveFloat
+    hbm_bandwidth_gbps: PositiveFloat
+    bf16_tflops: PositiveFloat  # dense peak
+    h2d_bandwidth_gbps: PositiveFloat  # PCIe host→device copy rate for large transfers
+    d2h_bandwidth_gbps: PositiveFloat
+    h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer
+    host_dram_gib: PositiveFloat  # host DRAM available for offloaded KV
+    reserve_gib: Annotated[float, Field(ge=0)]  # HBM kept out of the static pool (activations, graphs)
+    hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
+    prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
+    decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gib * GIB)
+
+    @property
+    def host_dram_bytes(self) -> int:
+        return int(self.host_dram_gib * GIB)
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.reserve_gib * GIB)
+
+
+class WorkloadSpec(_Spec):
+    """Which requests arrive when. ``trace`` is a shipped trace name or a file path; ``synthetic``
+    generates Poisson arrivals instead (exactly one of the two)."""
+
+    trace: str | None = "mooncake_conversation"
+    format: Literal["auto", "mooncake"] = "auto"
+    synthetic: SyntheticSpec | None = None
+    start_s: Annotated[float, Field(ge=0)] | None = None  # window on the trace's own clock
+    end_s: PositiveFloat | None = None
+    max_requests: PositiveInt | None = None
+    time_scale: PositiveFloat = 1.0  # > 1 stretches inter-arrival times (lower load)
+    target_rate_per_s: PositiveFloat | None = None  # alternative to time_scale
+    min_prompt_tokens: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        if (self.trace is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of workload.trace and workload.synthetic")
+        if self.target_rate_per_s is not None and self.time_scale != 1.0:
+            raise ValueError("give workload.time_scale or workload.target_rate_per_s, not both")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"workload.end_s ({self.end_s}) must be > workload.start_s ({self.start_s})")
+        return self
+
+
+class SyntheticSpec(_Spec):
+    """Poisson arrivals with lognormal prompt and output lengths (mean and coefficient of variation)."""
+
+    num_requests: PositiveInt
+    rate_per_s: PositiveFloat
+    prompt_tokens_mean: PositiveFloat
+    output_tokens_mean: PositiveFloat
+    prompt_tokens_cv: Annotated[float, Field(ge=0)] = 1.0
+    output_tokens_cv: Annotated[float, Field(ge=0)] = 0.5
+
+
+class SloSpec(_Spec):
+    """Per-request service-level objective; goodput counts requests that meet every set bound."""
+
+    tpot_ms: PositiveFloat | None = 100.0
+    ttft_s: PositiveFloat | None = None
+
+
+class SglangPolicy(_Spec):
+    """SGLang-like dense serving: all KV on the GPU (REFERENCE.md §5)."""
+
+    block_size: PositiveInt = 1  # SGLang's page_size default is 1 token
+    chunked_prefill_tokens: PositiveInt = 8192  # chunked_prefill_size on A100/H100/H200 (§5.2)
+    max_running_requests: PositiveInt = 2048
+    new_token_ratio_init: Annotated[float, Field(ge=0, le=1)] = 0.7  # §5.2 item 4
+    new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
+    new_token_ratio_decay_steps: PositiveInt = 600
+    clip_max_new_tokens: PositiveInt = 4096
+
+
+class PulseInferPolicy(SglangPolicy):
+    """Sparse KV offloading, first version: SoloHead selection, gather-scatter recall, one-layer look-ahead.
+
+    Requests with a prompt of at least ``offload_threshold_tokens`` are offloaded: the GPU keeps the
+    sink, the recent window, a recall buffer and the block summaries; every other block lives in host
+    DRAM. See DESIGN.md "PulseInfer's four mechanisms".
+    """
+
+    block_size: PositiveInt = 32
+    budget_tokens: PositiveInt = 2048  # attended tokens selected per (request, layer, step)
+    sink_tokens: Annotated[int, Field(ge=0)] = 128
+    recent_tokens: Annotated[int, Field(ge=0)] = 512
+    recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer, on the GPU
+    offload_threshold_tokens: PositiveInt = 8192
+    max_offloaded_requests: PositiveInt = 256
+    miss_rate: Annotated[float, Field(ge=0, le=1)] = 0.15  # selected blocks not in the recall buffer
+
+    @model_validator(mode="after")
+    def _check_blocks(self) -> PulseInferPolicy:
+        if self.budget_tokens < self.block_size:
+            raise ValueError(
+                f"budget_tokens ({self.budget_tokens}) must be >= block_size ({self.block_size})"
+            )
+        if self.recall_buffer_blocks * self.block_size < self.budget_tokens:
+            raise ValueError(
+                f"recall_buffer_blocks × block_size ({self.recall_buffer_blocks * self.block_size} tokens) "
+                f"must hold budget_tokens ({self.budget_tokens})"
+            )
+        return self
+
+
+POLICY_NAMES = ("sglang", "pulseinfer")
+
+
+class PolicyParams(_Spec):
+    """Knobs of each policy, keyed by policy name (``policy.pulseinfer.budget_tokens``)."""
+
+    sglang: SglangPolicy = SglangPolicy()
+    pulseinfer: PulseInferPolicy = PulseInferPolicy()
+
+
+class RunSpec(_Spec):
+    """How to run the simulation (not what is simulated)."""
+
+    layer_model: Literal["closed_form", "events"] = "closed_form"
+    horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
+    debug_checks: bool = False  # expensive invariant sweeps every step (tests turn it on)
+    progress: bool = True
+
+
+class Scenario(_Spec):
+    """A whole experiment: hardware × model × workload × policies, plus SLO and run options."""
+
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0)] = 0
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    slo: SloSpec = SloSpec()
+    policies: Annotated[list[Literal["sglang", "pulseinfer"]], Field(min_length=1)] = ["sglang", "pulseinfer"]
+    policy: PolicyParams = PolicyParams()
+    run: RunSpec = RunSpec()
+
+    @model_validator(mode="after")
+    def _unique_policies(self) -> Scenario:
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policies must not repeat a name, got {self.policies}")
+        return self
+
+
+WorkloadSpec.model_rebuild()

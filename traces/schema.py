@@ -1,0 +1,54 @@
+"""The one request-table schema every trace reader and generator returns, and the trace error type.
+
+A request table is a `pandas.DataFrame` with exactly the columns in `REQUEST_COLUMNS`, one row per request,
+sorted by arrival:
+
+| column | dtype | unit / meaning |
+|---|---|---|
+| `request_id` | int64 | 0..n-1, unique (readers: source file order; `shape_requests`: row order) |
+| `arrival_s` | float64 | arrival time in seconds on the trace's own clock, non-decreasing |
+| `prompt_tokens` | int64 | input (prompt) length in tokens, >= 1 |
+| `output_tokens` | int64 | output (decode) length in tokens, >= 0 |
+| `hash_ids` | object | python `list[int]` per row: prefix-block hashes as in the source, `[]` if none |
+
+Metadata travels in `df.attrs` (e.g. `source`, `num_blank_lines`, `num_resorted`, `num_dropped_window`), so a
+reader never drops, clips or reorders rows without saying so (STYLE.md 9.5).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+REQUEST_COLUMNS: list[str] = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "hash_ids"]
+
+
+class TraceError(ValueError):
+    """A trace file or trace name that cannot be used.
+
+    The message is one line naming the file, the 1-based line number and the field, the value found and what
+    was expected, e.g. `traces/data/x.jsonl line 12: field 'output_length': expected a non-negative integer,
+    got -5`.
+    """
+
+
+def require_request_columns(df: pd.DataFrame, argument: str = "df") -> None:
+    """Check that `df` is a request table (has every column in `REQUEST_COLUMNS`).
+
+    Args:
+        df: the table to check.
+        argument: the argument name to use in the error message.
+
+    Raises:
+        TypeError: if `df` is not a `pandas.DataFrame`.
+        ValueError: if a column of `REQUEST_COLUMNS` is missing.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(
+            f"{argument} must be a pandas DataFrame with columns {REQUEST_COLUMNS}, got {type(df).__name__}"
+        )
+    missing = [c for c in REQUEST_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{argument} is missing request columns {missing}; "
+            f"expected {REQUEST_COLUMNS}, got {list(df.columns)}"
+        )
