@@ -33,9 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="scenario YAML path or shipped scenario name (default: the shipped 'default' scenario)",
     )
-    sim.add_argument(
-        "--out", type=Path, default=None, help="results folder (default: results/<scenario name>)"
-    )
+    sim.add_argument("--out", type=Path, default=None, help="results folder (default: results/<scenario name>)")
     sim.add_argument(
         "--set",
         dest="overrides",
@@ -73,13 +71,9 @@ def _simulate(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / scenario.name
     result.write(out)
     n = len(result.workload)
-    print(
-        f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}"
-    )
+    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}")
     print(format_summary(with_ratios(result.summary)))
-    print(
-        f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)"
-    )
+    print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
     return 0
 
 

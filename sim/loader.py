@@ -59,9 +59,7 @@ def resolve_scenario_path(scenario: str | Path | None) -> Path:
     if shipped.is_file():
         return shipped
     shipped_names = sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
-    raise ScenarioError(
-        f"scenario: no such file or shipped scenario {str(scenario)!r} (shipped: {shipped_names})"
-    )
+    raise ScenarioError(f"scenario: no such file or shipped scenario {str(scenario)!r} (shipped: {shipped_names})")
 
 
 def load_scenario(scenario: str | Path | None = None, overrides: list[str] | None = None) -> Scenario:

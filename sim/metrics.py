@@ -121,10 +121,7 @@ def summarize(
         "goodput_requests_per_s": float(meets_slo(requests, slo).sum()) / duration,
         "mean_batch": float(decode["batch_size"].mean()) if len(decode) else 0.0,
         "link_busy_frac": rec.link_busy_s / duration,
-        "peak_hbm_gib": (
-            fixed_hbm_bytes + int(steps["kv_used_blocks"].max() if len(steps) else 0) * block_bytes
-        )
-        / GIB,
+        "peak_hbm_gib": (fixed_hbm_bytes + int(steps["kv_used_blocks"].max() if len(steps) else 0) * block_bytes) / GIB,
         "stall_frac": float(decode["stall_s"].sum()) / decode_time if decode_time else 0.0,
         "offloaded_frac": float(requests["offloaded"].mean()) if len(requests) else 0.0,
         "num_preemptions": rec.num_preemptions,

@@ -33,9 +33,7 @@ class StepTiming:
     link_free_s: float  # when the link is next free
 
 
-def run_closed_form(
-    t0: float, compute_s: Sequence[float], recall_s: Sequence[float], link_free_s: float
-) -> StepTiming:
+def run_closed_form(t0: float, compute_s: Sequence[float], recall_s: Sequence[float], link_free_s: float) -> StepTiming:
     """Layer pipeline by recurrence.
 
     Args:

@@ -155,9 +155,7 @@ def _collect_unfinished(replica: Replica, reqs: list[Request], rec: Recorder) ->
             rec.requests.append(r)
 
 
-def simulate(
-    scenario: Scenario, progress: Callable[[str, int], Callable[[Request], None]] | None = None
-) -> SimResult:
+def simulate(scenario: Scenario, progress: Callable[[str, int], Callable[[Request], None]] | None = None) -> SimResult:
     """Simulate every policy of the scenario on the same workload.
 
     Args:

@@ -323,9 +323,7 @@ class Replica:
             stall,
         )
         self.rec.decode_tokens += len(b)
-        self.new_token_ratio = max(
-            self.policy.params.new_token_ratio_min, self.new_token_ratio - self.ratio_decay
-        )
+        self.new_token_ratio = max(self.policy.params.new_token_ratio_min, self.new_token_ratio - self.ratio_decay)
         finished = b.generated >= b.output
         if finished.any():
             for r in b.remove(finished):

@@ -52,13 +52,10 @@ class ModelSpec(_Spec):
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.num_experts and not (0 < self.num_active_experts <= self.num_experts):
             raise ValueError(
-                f"num_active_experts must be in [1, num_experts={self.num_experts}], "
-                f"got {self.num_active_experts}"
+                f"num_active_experts must be in [1, num_experts={self.num_experts}], got {self.num_active_experts}"
             )
         if self.num_experts and not self.expert_intermediate_size:
             raise ValueError("expert_intermediate_size must be > 0 for an MoE model (num_experts > 0)")
@@ -105,19 +102,13 @@ class ModelSpec(_Spec):
     @property
     def params_per_layer(self) -> int:
         """All weights of one layer (every expert counted)."""
-        return (
-            self.attn_params_per_layer
-            + self.dense_mlp_params_per_layer
-            + self.num_experts * self.expert_params
-        )
+        return self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_experts * self.expert_params
 
     @property
     def active_params_per_layer(self) -> int:
         """Weights one token multiplies in one layer (active experts only)."""
         return (
-            self.attn_params_per_layer
-            + self.dense_mlp_params_per_layer
-            + self.num_active_experts * self.expert_params
+            self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_active_experts * self.expert_params
         )
 
     @property
@@ -241,9 +232,7 @@ class PulseInferPolicy(SglangPolicy):
     @model_validator(mode="after")
     def _check_blocks(self) -> PulseInferPolicy:
         if self.budget_tokens < self.block_size:
-            raise ValueError(
-                f"budget_tokens ({self.budget_tokens}) must be >= block_size ({self.block_size})"
-            )
+            raise ValueError(f"budget_tokens ({self.budget_tokens}) must be >= block_size ({self.block_size})")
         if self.recall_buffer_blocks * self.block_size < self.budget_tokens:
             raise ValueError(
                 f"recall_buffer_blocks × block_size ({self.recall_buffer_blocks * self.block_size} tokens) "

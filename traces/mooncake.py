@@ -70,9 +70,7 @@ def read_mooncake(path: str | Path) -> pd.DataFrame:
         output_tokens.append(num_output)
         hash_ids.append(ids)
     if not arrival_s:
-        raise TraceError(
-            f"{source}: no requests ({len(lines)} lines, all blank); expected one JSON object per line"
-        )
+        raise TraceError(f"{source}: no requests ({len(lines)} lines, all blank); expected one JSON object per line")
     return _build_frame(arrival_s, prompt_tokens, output_tokens, hash_ids, source, num_blank_lines)
 
 
@@ -98,9 +96,7 @@ def _parse_line(raw: bytes, source: str, line_no: int) -> tuple[float, int, int,
         raise TraceError(f"{where}: expected a JSON object, got {type(row).__name__} {_show(row)}")
     timestamp_ms = _timestamp_ms(_field(row, "timestamp", where), where)
     num_prompt = _count(_field(row, "input_length", where), "input_length", 1, "an integer >= 1", where)
-    num_output = _count(
-        _field(row, "output_length", where), "output_length", 0, "a non-negative integer", where
-    )
+    num_output = _count(_field(row, "output_length", where), "output_length", 0, "a non-negative integer", where)
     ids = row.get("hash_ids", [])
     if type(ids) is not list or not all(type(h) is int for h in ids):
         raise TraceError(f"{where}: field 'hash_ids': expected a list of integers, got {_show(ids)}")
@@ -119,9 +115,7 @@ def _timestamp_ms(value: Any, where: str) -> float:
     """Validate a `timestamp` (ms since trace start): finite int or float >= 0."""
     if type(value) in (int, float) and math.isfinite(value) and value >= 0:
         return float(value)
-    raise TraceError(
-        f"{where}: field 'timestamp': expected a non-negative number (milliseconds), got {_show(value)}"
-    )
+    raise TraceError(f"{where}: field 'timestamp': expected a non-negative number (milliseconds), got {_show(value)}")
 
 
 def _count(value: Any, name: str, minimum: int, expected: str, where: str) -> int:

@@ -53,16 +53,13 @@ def resolve_trace(name_or_path: str) -> Path:
     if name_or_path in SHIPPED_TRACES:
         path = DATA_DIR / SHIPPED_TRACES[name_or_path]
         if not path.is_file():
-            raise TraceError(
-                f"shipped trace '{name_or_path}' is missing its file {path}; reinstall pulseinfer"
-            )
+            raise TraceError(f"shipped trace '{name_or_path}' is missing its file {path}; reinstall pulseinfer")
         return path
     path = Path(name_or_path)
     if path.is_file():
         return path
     raise TraceError(
-        f"no such trace file or shipped trace name {str(name_or_path)!r} "
-        f"(shipped: {', '.join(SHIPPED_TRACES)})"
+        f"no such trace file or shipped trace name {str(name_or_path)!r} (shipped: {', '.join(SHIPPED_TRACES)})"
     )
 
 

@@ -49,6 +49,5 @@ def require_request_columns(df: pd.DataFrame, argument: str = "df") -> None:
     missing = [c for c in REQUEST_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(
-            f"{argument} is missing request columns {missing}; "
-            f"expected {REQUEST_COLUMNS}, got {list(df.columns)}"
+            f"{argument} is missing request columns {missing}; expected {REQUEST_COLUMNS}, got {list(df.columns)}"
         )

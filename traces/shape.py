@@ -59,16 +59,12 @@ def shape_requests(
             span; or if the options remove every row (the message names the option that did).
     """
     require_request_columns(df)
-    _check_options(
-        start_s, end_s, max_requests, time_scale, target_rate_per_s, min_prompt_tokens, max_prompt_tokens
-    )
+    _check_options(start_s, end_s, max_requests, time_scale, target_rate_per_s, min_prompt_tokens, max_prompt_tokens)
     if df.empty:
         raise ValueError("df has no rows; expected a non-empty request table")
     arrivals = df["arrival_s"].to_numpy(dtype=np.float64)
     if np.any(np.diff(arrivals) < 0):
-        raise ValueError(
-            "df.arrival_s must be sorted ascending (read_mooncake and synthetic_requests sort it)"
-        )
+        raise ValueError("df.arrival_s must be sorted ascending (read_mooncake and synthetic_requests sort it)")
 
     relative_s = arrivals - arrivals[0]
     in_window = np.ones(len(df), dtype=bool)

@@ -49,8 +49,6 @@ class Policy:
         """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
         return -(-future_tokens // self.block_size)
 
-    def step_cost(
-        self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator
-    ) -> StepCost:
+    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
         raise NotImplementedError

@@ -27,9 +27,7 @@ class PulseInfer(Policy):
         super().__init__(scenario, p)
         self.recall = RecallModel(scenario.model, p, scenario.hardware)
         bs = p.block_size
-        self.resident_blocks = (
-            -(-p.sink_tokens // bs) + -(-p.recent_tokens // bs) + 1 + p.recall_buffer_blocks
-        )
+        self.resident_blocks = -(-p.sink_tokens // bs) + -(-p.recent_tokens // bs) + 1 + p.recall_buffer_blocks
         self.sparse_tokens = p.sink_tokens + p.recent_tokens + p.budget_tokens
 
     def wants_offload(self, prompt_tokens: int) -> bool:
@@ -45,9 +43,7 @@ class PulseInfer(Policy):
         dense = -(-future_tokens // self.block_size)
         return np.where(offloaded, -(-dense // self.block_size), dense)
 
-    def step_cost(
-        self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator
-    ) -> StepCost:
+    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         batch = len(ctx)
         num_blocks = -(-ctx // self.block_size)
         attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + num_blocks, ctx)

@@ -16,9 +16,7 @@ class SglangLike(Policy):
     def __init__(self, scenario: Scenario) -> None:
         super().__init__(scenario, scenario.policy.sglang)
 
-    def step_cost(
-        self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator
-    ) -> StepCost:
+    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         attended = int(ctx.sum())
         batch = len(ctx)
         layer_s = self.compute.decode_layer_s(batch, attended)

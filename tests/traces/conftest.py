@@ -36,12 +36,8 @@ def make_requests() -> Callable[..., pd.DataFrame]:
             {
                 "request_id": np.arange(n, dtype=np.int64),
                 "arrival_s": np.asarray(arrival_s, dtype=np.float64),
-                "prompt_tokens": np.asarray(
-                    prompt_tokens if prompt_tokens is not None else [100] * n, dtype=np.int64
-                ),
-                "output_tokens": np.asarray(
-                    output_tokens if output_tokens is not None else [10] * n, dtype=np.int64
-                ),
+                "prompt_tokens": np.asarray(prompt_tokens if prompt_tokens is not None else [100] * n, dtype=np.int64),
+                "output_tokens": np.asarray(output_tokens if output_tokens is not None else [10] * n, dtype=np.int64),
                 "hash_ids": pd.Series([[] for _ in range(n)], dtype=object),
             }
         )

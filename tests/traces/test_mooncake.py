@@ -135,9 +135,7 @@ def test_invalid_json_error_names_file_and_line(write_trace):
 
 def test_non_object_line_error_names_file_and_line(write_trace):
     path = write_trace([GOOD_LINE, GOOD_LINE, "[1, 2]"])
-    with pytest.raises(
-        TraceError, match=rf"^{re.escape(str(path))} line 3: expected a JSON object, got list"
-    ):
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(path))} line 3: expected a JSON object, got list"):
         read_mooncake(path)
 
 
@@ -150,9 +148,7 @@ def test_invalid_utf8_error_names_file_and_line(tmp_path):
 
 def test_long_offending_value_is_shortened_in_message(write_trace):
     ids = ", ".join(["1"] * 200)
-    path = write_trace(
-        [f'{{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [{ids}, "x"]}}']
-    )
+    path = write_trace([f'{{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [{ids}, "x"]}}'])
     with pytest.raises(TraceError) as info:
         read_mooncake(path)
     assert len(str(info.value)) < 200

@@ -86,9 +86,7 @@ def test_input_attrs_are_kept(make_requests):
 
 
 def test_shipped_trace_shaped_to_a_window_and_rate():
-    out = shape_requests(
-        load_trace("mooncake_conversation"), start_s=300.0, end_s=900.0, target_rate_per_s=10.0
-    )
+    out = shape_requests(load_trace("mooncake_conversation"), start_s=300.0, end_s=900.0, target_rate_per_s=10.0)
     assert list(out.columns) == REQUEST_COLUMNS
     assert (len(out) - 1) / out["arrival_s"].iloc[-1] == pytest.approx(10.0)
     assert out.attrs["num_dropped_window"] + len(out) == 5719
@@ -110,9 +108,7 @@ def test_window_removing_every_row_names_start_and_end(make_requests):
 
 
 def test_prompt_filter_removing_every_row_names_the_bounds(make_requests):
-    with pytest.raises(
-        ValueError, match=r"^min_prompt_tokens=1000, max_prompt_tokens=None removed every row"
-    ):
+    with pytest.raises(ValueError, match=r"^min_prompt_tokens=1000, max_prompt_tokens=None removed every row"):
         shape_requests(make_requests([0.0, 1.0]), min_prompt_tokens=1000)
 
 

@@ -34,9 +34,7 @@ def test_existing_file_path_resolves_to_itself(write_trace):
 def test_unknown_name_error_lists_shipped_names():
     with pytest.raises(TraceError) as info:
         resolve_trace("foo")
-    assert (
-        str(info.value) == "no such trace file or shipped trace name 'foo' (shipped: mooncake_conversation)"
-    )
+    assert str(info.value) == "no such trace file or shipped trace name 'foo' (shipped: mooncake_conversation)"
 
 
 def test_load_trace_auto_reads_jsonl_as_mooncake(write_trace):
