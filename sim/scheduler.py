@@ -13,6 +13,11 @@ One iteration of :meth:`Replica.run`:
    and finish those that are done.
 3. **Else sleep** until the next arrival.
 
+With ``serving.prefill: disaggregated`` step 1 changes: arrivals queue for a pool of remote prefill GPUs
+(``num_prefill_gpus``, FIFO); a request that finished prefill (its first token sampled there) waits for
+the decode GPU, and admission moves it straight into the decode batch with no forward on this GPU. A
+retracted request goes back through remote prefill.
+
 Token bookkeeping: ``ctx`` counts tokens whose KV is cached. A prefill of N tokens caches N and samples
 one token; a decode step caches the last sampled token (ctx + 1), attends ctx + 1 tokens and samples
 the next. A retracted request later re-prefills its prompt plus the tokens it had generated.
@@ -152,6 +157,9 @@ class Replica:
         self.arrived = 0
         self.wake: simpy.Event = env.event()
         self.step_id = 0
+        self.num_done = 0  # finished or rejected
+        self.disaggregated = scenario.serving.prefill == "disaggregated"
+        self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
 
     # ---- processes -------------------------------------------------------------------------------
     def arrivals(self) -> Generator[simpy.Event, object, None]:
@@ -159,25 +167,77 @@ class Replica:
         for req in self.requests:
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
-            self.waiting.append(req)
             self.arrived += 1
-            if not self.wake.triggered:
-                self.wake.succeed()
+            if self.disaggregated:
+                self.env.process(self._remote_prefill(req))
+            else:
+                self._enqueue(req)
+
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+        if not self.wake.triggered:
+            self.wake.succeed()
 
     def run(self) -> Generator[simpy.Event, object, None]:
         """The scheduler loop; returns when every request has finished or been rejected."""
         total = len(self.requests)
         while True:
-            chunks = self._build_prefill()
+            if self.disaggregated:
+                self.batch.add(self._admit_prefilled())
+                chunks = None
+            else:
+                chunks = self._build_prefill()
             if chunks:
                 yield from self._prefill(chunks)
             elif len(self.batch):
                 yield from self._decode_step()
-            elif self.arrived == total and not self.waiting and self.chunked is None:
+            elif self.num_done == total:
                 return
             else:
                 self.wake = self.env.event()
                 yield self.wake
+
+    # ---- disaggregated prefill -------------------------------------------------------------------
+    def _remote_prefill(self, req: Request) -> Generator[simpy.Event, object, None]:
+        """Prefill on a remote GPU (FIFO pool), then queue for the decode GPU."""
+        target = req.prompt_tokens + req.generated
+        with self.prefill_gpus.request() as gpu:
+            yield gpu
+            yield self.env.timeout(self.policy.compute.prefill_s([(target, 0)], 1))
+        req.generated = min(req.generated + 1, req.output_tokens)
+        if math.isnan(req.first_token_s):
+            req.first_token_s = self.env.now
+        if req.generated >= req.output_tokens:
+            self._finish(req)
+            if not self.wake.triggered:
+                self.wake.succeed()
+        else:
+            self._enqueue(req)
+
+    def _admit_prefilled(self) -> list[Request]:
+        """Move prefilled requests from the queue into the decode batch while their KV fits (FCFS)."""
+        admitted: list[Request] = []
+        if not self.waiting:
+            return admitted
+        reserved = self._reserved_blocks()
+        running = len(self.batch)
+        while self.waiting and running < self.policy.params.max_running_requests:
+            req = self.waiting[0]
+            verdict = self._admit(req, reserved, cached=req.prompt_tokens + req.generated - 1)
+            if verdict == "wait":
+                break
+            self.waiting.popleft()
+            if verdict != "ok":
+                self._reject(req, verdict)
+                continue
+            reserved += self._future_blocks(req)
+            req.prefilled = req.prefill_target
+            admitted.append(req)
+            running += 1
+        return admitted
 
     # ---- prefill ---------------------------------------------------------------------------------
     def _build_prefill(self) -> list[tuple[Request, int]]:
@@ -227,13 +287,17 @@ class Replica:
         future = np.minimum(b.output - b.generated, self.policy.params.clip_max_new_tokens)
         return float(self.policy.growth_blocks(future, b.offloaded).sum()) * self.new_token_ratio
 
-    def _admit(self, req: Request, reserved: float) -> str:
-        """'ok' (blocks taken), 'wait', or the reason the request can never be served."""
+    def _admit(self, req: Request, reserved: float, cached: int | None = None) -> str:
+        """'ok' (blocks taken), 'wait', or the reason the request can never be served.
+
+        ``cached`` is the KV tokens the request brings (disaggregated: computed remotely); by default
+        the tokens its local prefill will cache (prompt + generated).
+        """
         total_tokens = req.prompt_tokens + req.output_tokens
         if total_tokens > self.scenario.model.max_seq_len:
             return "exceeds_max_seq_len"
         offloaded = self.policy.wants_offload(req.prompt_tokens)
-        target = req.prompt_tokens + req.generated
+        target = req.prompt_tokens + req.generated if cached is None else cached
         need = int(self.policy.device_blocks(np.array([target]), np.array([offloaded]))[0])
         worst = int(self.policy.device_blocks(np.array([total_tokens]), np.array([offloaded]))[0])
         if worst > self.device.capacity:
@@ -345,7 +409,10 @@ class Replica:
             (req,) = b.remove(mask)
             self._release(req)
             req.num_preemptions += 1
-            self.waiting.appendleft(req)
+            if self.disaggregated:
+                self.env.process(self._remote_prefill(req))
+            else:
+                self.waiting.appendleft(req)
             self.new_token_ratio = self.policy.params.new_token_ratio_init
             self.rec.num_preemptions += 1
 
@@ -361,11 +428,13 @@ class Replica:
     def _finish(self, req: Request) -> None:
         req.finish_s = self.env.now
         self._release(req)
+        self.num_done += 1
         self.rec.requests.append(req)
         self.on_finish(req)
 
     def _reject(self, req: Request, reason: str) -> None:
         req.unfinished_reason = reason
+        self.num_done += 1
         self.rec.requests.append(req)
         self.on_finish(req)
 

@@ -251,6 +251,20 @@ class PolicyParams(_Spec):
     pulseinfer: PulseInferPolicy = PulseInferPolicy()
 
 
+class ServingSpec(_Spec):
+    """Where prefill runs relative to the simulated decode GPU.
+
+    ``colocated``: the GPU runs prefill and decode itself, SGLang's default (prefill first, chunked).
+    ``disaggregated``: prefill runs on ``num_prefill_gpus`` separate GPUs of the same card (FIFO, one
+    request at a time each) and finished prefills queue for the decode GPU, as in Mooncake's
+    prefill/decode split and SGLang HiSparse's decode-only deployment (REFERENCE.md §5.4). Model
+    assumption: KV transfer from the prefill GPU is hidden (layer-wise RDMA) and costs no time.
+    """
+
+    prefill: Literal["colocated", "disaggregated"] = "colocated"
+    num_prefill_gpus: PositiveInt = 4
+
+
 class RunSpec(_Spec):
     """How to run the simulation (not what is simulated)."""
 
@@ -269,6 +283,7 @@ class Scenario(_Spec):
     hardware: HardwareSpec
     workload: WorkloadSpec = WorkloadSpec()
     slo: SloSpec = SloSpec()
+    serving: ServingSpec = ServingSpec()
     policies: Annotated[list[Literal["sglang", "pulseinfer"]], Field(min_length=1)] = ["sglang", "pulseinfer"]
     policy: PolicyParams = PolicyParams()
     run: RunSpec = RunSpec()
