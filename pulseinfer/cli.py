@@ -61,20 +61,32 @@ def _simulate(args: argparse.Namespace) -> int:
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
+        out = args.out or Path("results") / scenario.name
+        _check_out_dir(out)
         started = time.perf_counter()
         progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
         result = simulate(scenario, progress=progress)
+        wall_s = time.perf_counter() - started
+        result.write(out)
     except (ScenarioError, CapacityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    wall_s = time.perf_counter() - started
-    out = args.out or Path("results") / scenario.name
-    result.write(out)
+    except OSError as exc:
+        print(f"error: --out {out}: cannot write results ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
     n = len(result.workload)
     print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}")
     print(format_summary(with_ratios(result.summary)))
     print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
     return 0
+
+
+def _check_out_dir(out: Path) -> None:
+    """Fail before simulating, not after, when ``--out`` cannot be a results folder."""
+    from sim.loader import ScenarioError
+
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"--out {out}: exists and is not a folder; give a folder path")
 
 
 def _tqdm_progress(policy: str, total: int):

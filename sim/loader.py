@@ -110,7 +110,9 @@ def dump_scenario(scenario: Scenario, path: Path) -> None:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -142,6 +144,6 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             raise ScenarioError(f"--set {key}: {'.'.join(parts[: depth + 1])} is not a mapping")
         node = child
     leaf = parts[-1]
-    if isinstance(value, str) and ("," in value or isinstance(node.get(leaf), list) or key in LIST_KEYS):
+    if isinstance(value, str) and (isinstance(node.get(leaf), list) or key in LIST_KEYS):
         value = [yaml.safe_load(v.strip()) for v in value.split(",") if v.strip()]
     node[leaf] = value

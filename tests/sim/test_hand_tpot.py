@@ -1,0 +1,94 @@
+"""A one-request scenario whose TTFT and TPOT are computed by hand from the documented formulas
+(sim/compute.py, sim/recall.py, sim/pipeline.py docstrings), independently of the simulator's code."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.run import simulate
+
+PROMPT, OUTPUT = 20000, 50  # tokens of the one request
+
+
+def _hand_model(scn):
+    m, hw = scn.model, scn.hardware
+    bw = hw.hbm_bandwidth_gbps * 1e9 * hw.hbm_efficiency
+    flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    layer_params = 2 * m.hidden_size * q + 2 * m.hidden_size * kv + 3 * m.hidden_size * m.intermediate_size
+    kv_layer = 2 * kv * 2  # bf16 K and V of one token in one layer
+    lm = m.vocab_size * m.hidden_size
+    weights = (m.num_layers * layer_params + 2 * lm) * 2
+
+    def layer_s(attended: int) -> float:
+        return max((layer_params * 2 + attended * kv_layer) / bw, (2 * layer_params + 4 * q * attended) / flops)
+
+    head_s = max(lm * 2 / bw, 2 * lm / flops)
+
+    def prefill_s(new: int, cached: int, completing: int) -> float:
+        f = 2 * new * m.num_layers * layer_params + 4 * q * m.num_layers * (new * cached + new * (new + 1) / 2)
+        return max((f + completing * 2 * lm) / flops, weights / bw)
+
+    ttft = prefill_s(8192, 0, 0) + prefill_s(8192, 8192, 0) + prefill_s(PROMPT - 16384, 16384, 1)
+    return layer_s, head_s, ttft, hw.decode_step_overhead_us * 1e-6
+
+
+def _run(scn):
+    res = simulate(scn)
+    return {name: r.requests.iloc[0] for name, r in res.policies.items()}
+
+
+def test_sglang_tpot_matches_hand_computation(one_request_scenario):
+    scn = one_request_scenario(PROMPT, OUTPUT, "policies=sglang")
+    layer_s, head_s, ttft, overhead = _hand_model(scn)
+    L = scn.model.num_layers
+    steps = [overhead + L * layer_s(PROMPT + k) + head_s for k in range(1, OUTPUT)]
+    row = _run(scn)["sglang"]
+    assert row.ttft_s == pytest.approx(ttft, rel=1e-12)
+    assert row.tpot_s == pytest.approx(sum(steps) / (OUTPUT - 1), rel=1e-12)
+
+
+@pytest.mark.parametrize("h2d_gbps", [55.0, 5.0], ids=["compute_bound", "link_bound"])
+def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps):
+    scn = one_request_scenario(
+        PROMPT,
+        OUTPUT,
+        "policies=pulseinfer",
+        "policy.pulseinfer.miss_rate=1.0",
+        f"hardware.h2d_bandwidth_gbps={h2d_gbps}",
+    )
+    p, hw = scn.policy.pulseinfer, scn.hardware
+    layer_s, head_s, ttft, overhead = _hand_model(scn)
+    L = scn.model.num_layers
+    kv_layer = 2 * scn.model.num_kv_heads * scn.model.head_dim * 2
+    steps = []
+    for k in range(1, OUTPUT):
+        ctx = PROMPT + k
+        attended = p.sink_tokens + p.recent_tokens + p.budget_tokens + math.ceil(ctx / p.block_size)
+        c = layer_s(attended)
+        selected = min(p.budget_tokens // p.block_size, (ctx - p.sink_tokens - p.recent_tokens) // p.block_size)
+        r = hw.h2d_latency_us * 1e-6 + selected * p.block_size * kv_layer / (h2d_gbps * 1e9)
+        # one-layer look-ahead: recall l+1 overlaps compute l (sim/pipeline.py)
+        body = r + L * c if r <= c else L * r + c
+        steps.append(overhead + body + head_s)
+    row = _run(scn)["pulseinfer"]
+    assert bool(row.offloaded)
+    assert row.ttft_s == pytest.approx(ttft, rel=1e-12)
+    assert row.tpot_s == pytest.approx(sum(steps) / (OUTPUT - 1), rel=1e-9)
+
+
+def test_link_bound_regime_is_really_link_bound(one_request_scenario):
+    """Guards the parametrisation above: at 5 GB/s a layer's recall outlasts its compute."""
+    full = ("policies=pulseinfer", "policy.pulseinfer.miss_rate=1.0")
+    fast = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=55"))
+    slow = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=5"))
+    assert slow["pulseinfer"].tpot_s > 2 * fast["pulseinfer"].tpot_s
+
+
+def test_short_prompt_stays_dense_under_pulseinfer(one_request_scenario):
+    scn = one_request_scenario(4000, 20, "policies=sglang,pulseinfer")
+    rows = _run(scn)
+    assert not bool(rows["pulseinfer"].offloaded)
+    assert rows["pulseinfer"].tpot_s == pytest.approx(rows["sglang"].tpot_s, rel=1e-12)

@@ -1,0 +1,80 @@
+"""sim.loader: ``--set`` override parsing, card expansion under dotted keys, and one-line error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.loader import ScenarioError, _parse_override, load_card, load_scenario
+from sim.specs import HardwareSpec
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ("seed=2048", 2048),
+        ("workload.time_scale=0.5", 0.5),
+        ("run.debug_checks=true", True),
+        ("run.debug_checks=false", False),
+        ("run.horizon_s=null", None),
+        ("run.horizon_s=", None),
+        ("name=pd_run", "pd_run"),
+    ],
+)
+def test_override_value_parses_as_a_yaml_scalar(item, expected):
+    key, value = _parse_override(item)
+    assert key == item.partition("=")[0]
+    assert value == expected and type(value) is type(expected)
+
+
+def test_override_key_and_value_are_split_at_the_first_equals():
+    assert _parse_override(" name = a=b ") == ("name", "a=b")
+
+
+def test_null_override_reaches_the_scenario_as_none():
+    assert load_scenario(None, ["run.horizon_s=5"]).run.horizon_s == 5.0
+    assert load_scenario(None, ["run.horizon_s=5", "run.horizon_s=null"]).run.horizon_s is None
+
+
+def test_single_policy_override_gives_a_one_element_list():
+    assert load_scenario(None, ["policies=sglang"]).policies == ["sglang"]
+
+
+def test_comma_separated_policies_give_a_two_element_list():
+    assert load_scenario(None, ["policies=pulseinfer,sglang"]).policies == ["pulseinfer", "sglang"]
+
+
+def test_dotted_override_into_a_card_name_keeps_the_other_fields():
+    scenario = load_scenario(None, ["hardware=h100-sxm", "hardware.h2d_bandwidth_gbps=25"])
+    card = HardwareSpec.model_validate(load_card("hardware", "h100-sxm"))
+    assert scenario.hardware.h2d_bandwidth_gbps == 25
+    assert scenario.hardware.model_copy(update={"h2d_bandwidth_gbps": card.h2d_bandwidth_gbps}) == card
+
+
+def test_dotted_override_into_a_model_card_keeps_the_other_fields():
+    base = load_scenario(None)
+    scenario = load_scenario(None, ["model.max_seq_len=32768"])
+    assert scenario.model.max_seq_len == 32768
+    assert scenario.model.model_copy(update={"max_seq_len": base.model.max_seq_len}) == base.model
+
+
+def test_validation_error_names_the_dotted_location_and_the_value():
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(None, ["policy.pulseinfer.miss_rate=1.5"])
+    message = str(exc.value)
+    assert "policy.pulseinfer.miss_rate" in message
+    assert "1.5" in message
+    assert "\n" not in message
+
+
+def test_validation_error_inside_a_card_names_the_card_field():
+    with pytest.raises(ScenarioError, match=r"hardware\.hbm_efficiency.*1\.2"):
+        load_scenario(None, ["hardware.hbm_efficiency=1.2"])
+
+
+def test_override_through_a_scalar_is_rejected_naming_the_key():
+    with pytest.raises(ScenarioError, match=r"workload\.trace is not a mapping"):
+        load_scenario(None, ["workload.trace.path=x"])
+
+
+def test_comma_in_a_string_field_is_kept():
+    assert load_scenario(None, ["workload.trace=runs/a,b.jsonl"]).workload.trace == "runs/a,b.jsonl"

@@ -1,0 +1,152 @@
+"""The ``pulseinfer`` CLI: bad input exits 2 with one ``error:`` line naming the field; a good run writes its tables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pulseinfer.cli import EXIT_BAD_INPUT, main
+from sim.loader import load_scenario
+
+# Five short synthetic requests: a whole two-policy run takes well under a second.
+TINY = [
+    "workload.trace=null",
+    "workload.synthetic.num_requests=5",
+    "workload.synthetic.rate_per_s=10",
+    "workload.synthetic.prompt_tokens_mean=1000",
+    "workload.synthetic.output_tokens_mean=20",
+]
+
+SUMMARY_HEAD = [
+    "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
+    "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
+]  # fmt: skip
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for item in overrides for arg in ("--set", item)]
+
+
+def _simulate(tmp_path: Path, *args: str) -> list[str]:
+    return ["simulate", *args, "--out", str(tmp_path / "out"), "--no-progress"]
+
+
+def _assert_one_error_line(err: str, *needles: str) -> None:
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got {lines!r}"
+    assert lines[0].startswith("error: ") and len(lines[0]) > len("error: ")
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+# (test id, --set overrides, strings the error line must contain)
+BAD_OVERRIDES = [
+    ("unknown_nested_key", ["workload.time_scal=2"], ["workload.time_scal"]),
+    ("negative_bandwidth", ["hardware.h2d_bandwidth_gbps=-5"], ["hardware.h2d_bandwidth_gbps", "-5"]),
+    ("missing_trace_file", ["workload.trace=/nonexistent.jsonl"], ["workload.trace", "/nonexistent.jsonl"]),
+    ("unknown_policy", ["policies=sglang,foo"], ["policies", "foo"]),
+    ("unknown_model_card", ["model=gpt-9"], ["model", "gpt-9"]),
+    ("model_too_big_for_hbm", ["model=llama-3.1-70b", "hardware=h100-sxm"], ["llama-3.1-70b", "hbm"]),
+    ("set_without_equals", ["workload.time_scale"], ["--set", "workload.time_scale"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "needles"), [c[1:] for c in BAD_OVERRIDES], ids=[c[0] for c in BAD_OVERRIDES])
+def test_bad_override_exits_2_with_one_error_line_naming_the_field(tmp_path, capsys, overrides, needles):
+    code = main(_simulate(tmp_path, *_sets(overrides)))
+    assert code == EXIT_BAD_INPUT == 2
+    _assert_one_error_line(capsys.readouterr().err, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_top_level_key_in_yaml_exits_2_naming_the_key(tmp_path, capsys):
+    path = tmp_path / "typo.yaml"
+    path.write_text("model: qwen3-14b\nhardware: h200\nworklaod:\n  time_scale: 2\n")
+    assert main(_simulate(tmp_path, str(path))) == 2
+    _assert_one_error_line(capsys.readouterr().err, "worklaod")
+
+
+def test_missing_scenario_file_exits_2_naming_the_path(tmp_path, capsys):
+    missing = tmp_path / "no_such_scenario.yaml"
+    assert main(_simulate(tmp_path, str(missing))) == 2
+    _assert_one_error_line(capsys.readouterr().err, "no_such_scenario")
+
+
+def test_yaml_that_is_not_a_mapping_exits_2(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- hardware\n")
+    assert main(_simulate(tmp_path, str(path))) == 2
+    _assert_one_error_line(capsys.readouterr().err, "list.yaml", "mapping")
+
+
+def test_scenario_file_that_is_not_utf8_exits_2(tmp_path, capsys):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00model: qwen3-14b\n")
+    assert main(_simulate(tmp_path, str(path))) == 2
+    _assert_one_error_line(capsys.readouterr().err, "binary.yaml")
+
+
+def test_out_that_is_an_existing_file_exits_2(tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.write_text("")
+    assert main(["simulate", *_sets(TINY), "--out", str(out), "--no-progress"]) == 2
+    _assert_one_error_line(capsys.readouterr().err, str(out))
+
+
+def test_console_script_exits_2_without_traceback_on_unknown_key(tmp_path):
+    script = Path(sys.executable).parent / "pulseinfer"
+    assert script.is_file(), f"console script not installed next to {sys.executable}"
+    proc = subprocess.run(
+        [str(script), "simulate", "--set", "workload.time_scal=2", "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and "workload.time_scal" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"]], ids=["top", "simulate"])
+def test_help_exits_0(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    assert "usage: pulseinfer" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[int, Path]:
+    out = tmp_path_factory.mktemp("tiny_run")
+    code = main(["simulate", *_sets(TINY), "--out", str(out), "--no-progress"])
+    return code, out
+
+
+def test_tiny_run_exits_0(tiny_run):
+    code, _ = tiny_run
+    assert code == 0
+
+
+@pytest.mark.parametrize("name", ["summary.csv", "requests.csv", "steps.csv", "scenario.yaml"])
+def test_tiny_run_writes_table(tiny_run, name):
+    _, out = tiny_run
+    path = out / name
+    assert path.is_file() and path.stat().st_size > 0
+
+
+def test_summary_csv_starts_with_the_documented_columns(tiny_run):
+    _, out = tiny_run
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns[: len(SUMMARY_HEAD)]) == SUMMARY_HEAD
+    assert sorted(summary["policy"]) == ["pulseinfer", "sglang"]
+
+
+def test_written_scenario_yaml_loads_back_equal(tiny_run):
+    _, out = tiny_run
+    assert load_scenario(out / "scenario.yaml") == load_scenario(None, TINY)
