@@ -32,7 +32,7 @@ def main() -> None:
                     "prefill": serving,
                     "time_scale": ts,
                     "rate req/s": round(5718 / 1797 / ts, 2),
-                    "sglang prefill busy %": round(100 * g.prefill_busy_frac, 0),
+                    "sglang local prefill busy %": round(100 * g.prefill_busy_frac, 0),
                     "sglang mean batch": round(g.mean_batch, 1),
                     "sglang peak HBM GiB": round(g.peak_hbm_gib, 1),
                     "sglang TTFT p50 s": round(g.ttft_p50_s, 1),
@@ -44,15 +44,7 @@ def main() -> None:
                 }
             )
             print(rows[-1], flush=True)
-    print(pd.DataFrame(rows).to_markdown(index=False) if _has_tabulate() else pd.DataFrame(rows).to_string(index=False))
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    print(pd.DataFrame(rows).to_string(index=False))
 
 
 if __name__ == "__main__":
