@@ -150,3 +150,13 @@ def test_summary_csv_starts_with_the_documented_columns(tiny_run):
 def test_written_scenario_yaml_loads_back_equal(tiny_run):
     _, out = tiny_run
     assert load_scenario(out / "scenario.yaml") == load_scenario(None, TINY)
+
+
+def test_malformed_trace_row_exits_2_naming_file_line_and_field(tmp_path, capsys):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 100, "output_length": 5}\n'
+        '{"timestamp": 10, "input_length": -3, "output_length": 5}\n'
+    )
+    assert main(_simulate(tmp_path, "--set", f"workload.trace={trace}")) == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, "workload.trace", "bad.jsonl", "line 2", "input_length")
