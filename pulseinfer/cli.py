@@ -1,5 +1,9 @@
 """``pulseinfer`` — a thin argparse shell over functions that return tables.
 
+Each sub-command lives in ``pulseinfer/commands/<name>.py`` with ``add_parser(subparsers)`` and
+``run(args) -> int``; command modules import their heavy packages (sim, torch, matplotlib) inside
+``run`` only, so building the parser is cheap and ``pulseinfer simulate`` never loads torch.
+
 Exit status: 0 on success, 2 on bad input (one ``error:`` line on stderr naming the field, the value and
 what was expected), 1 on an unexpected failure.
 """
@@ -7,11 +11,10 @@ what was expected), 1 on an unexpected failure.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
+import importlib
 
 EXIT_BAD_INPUT = 2
+COMMANDS = ["simulate"]  # module names under pulseinfer.commands, in help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,86 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate long-context LLM decode serving with sparse KV-cache offloading.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim = sub.add_parser(
-        "simulate",
-        help="replay a trace through each policy and compare them",
-        description="Replay a scenario's workload through each policy on one simulated GPU and print a "
-        "summary table (one row per policy, with ratios to sglang).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    sim.add_argument(
-        "scenario",
-        nargs="?",
-        default=None,
-        help="scenario YAML path or shipped scenario name (default: the shipped 'default' scenario)",
-    )
-    sim.add_argument("--out", type=Path, default=None, help="results folder (default: results/<scenario name>)")
-    sim.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key, e.g. --set workload.time_scale=0.5 --set policies=sglang,pulseinfer",
-    )
-    sim.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    for name in COMMANDS:
+        module = importlib.import_module(f"pulseinfer.commands.{name}")
+        module.add_parser(sub).set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
-        return _simulate(args)
-    return 1
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from sim.kv import CapacityError
-    from sim.loader import ScenarioError, load_scenario
-    from sim.report import format_summary
-    from sim.run import simulate, with_ratios
-
-    try:
-        scenario = load_scenario(args.scenario, args.overrides)
-        out = args.out or Path("results") / scenario.name
-        _check_out_dir(out)
-        started = time.perf_counter()
-        progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
-        result = simulate(scenario, progress=progress)
-        wall_s = time.perf_counter() - started
-        result.write(out)
-    except (ScenarioError, CapacityError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"error: --out {out}: cannot write results ({exc.strerror or exc})", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    n = len(result.workload)
-    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}")
-    print(format_summary(with_ratios(result.summary)))
-    print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
-    return 0
-
-
-def _check_out_dir(out: Path) -> None:
-    """Fail before simulating, not after, when ``--out`` cannot be a results folder."""
-    from sim.loader import ScenarioError
-
-    if out.exists() and not out.is_dir():
-        raise ScenarioError(f"--out {out}: exists and is not a folder; give a folder path")
-
-
-def _tqdm_progress(policy: str, total: int):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=f"{policy:>10}", unit="req", file=sys.stderr, leave=True)
-
-    def on_finish(_req: object) -> None:
-        bar.update(1)
-        if bar.n >= total:
-            bar.close()
-
-    return on_finish
+    return args.run(args)
 
 
 if __name__ == "__main__":

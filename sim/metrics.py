@@ -23,7 +23,7 @@ from sim.specs import GIB, SloSpec
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",
-    "attended_tokens", "recall_bytes", "num_transfers", "stall_s", "kv_used_blocks", "hbm_used_bytes",
+    "attended_tokens", "recall_bytes", "num_transfers", "stall_s", "link_busy_s", "kv_used_blocks", "hbm_used_bytes",
     "host_used_bytes",
 ]  # fmt: skip
 REQUEST_COLUMNS = [

@@ -344,7 +344,7 @@ class Replica:
                 joining.append(r)
         self.batch.add(joining)
         tokens = sum(take for _, take in chunks)
-        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, 0, 0, 0, 0.0)
+        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, 0, 0, 0, 0.0, 0.0)
 
     # ---- decode ----------------------------------------------------------------------------------
     def _decode_step(self) -> Generator[simpy.Event, object, None]:
@@ -356,36 +356,27 @@ class Replica:
         ctx = b.ctx + 1
         cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng)
         overhead = pol.compute.step_overhead_s
-        stall = 0.0
+        stall = busy = 0.0
         if cost.recall_s is None:
             yield env.timeout(overhead + sum(cost.compute_s) + cost.head_s)
         elif self.layer_events:
             yield env.timeout(overhead)
             timing = yield env.process(run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s))
-            stall = timing.stall_s
-            self.rec.link_busy_s += timing.link_busy_s
+            stall, busy = timing.stall_s, timing.link_busy_s
             yield env.timeout(cost.head_s)
         else:
             timing = run_closed_form(start + overhead, cost.compute_s, cost.recall_s, self.link_free_s)
             self.link_free_s = timing.link_free_s
-            stall = timing.stall_s
-            self.rec.link_busy_s += timing.link_busy_s
+            stall, busy = timing.stall_s, timing.link_busy_s
             yield env.timeout(timing.end_s + cost.head_s - start)
         b.ctx = ctx
         b.generated += 1
         b.cold[:] = False
         n_off = int(b.offloaded.sum())
+        self.rec.link_busy_s += busy
         self._record(
-            "decode",
-            start,
-            len(b),
-            n_off,
-            0,
-            cost.attended_tokens,
-            cost.recall_bytes,
-            cost.num_transfers,
-            stall,
-        )
+            "decode", start, len(b), n_off, 0, cost.attended_tokens, cost.recall_bytes, cost.num_transfers, stall, busy
+        )  # fmt: skip
         self.rec.decode_tokens += len(b)
         self.new_token_ratio = max(self.policy.params.new_token_ratio_min, self.new_token_ratio - self.ratio_decay)
         finished = b.generated >= b.output
@@ -449,6 +440,7 @@ class Replica:
         recall_bytes: int,
         num_transfers: int,
         stall_s: float,
+        link_busy_s: float,
     ) -> None:
         hbm = self.fixed_hbm_bytes + self.device.used * self.block_bytes
         if self.debug:
@@ -456,7 +448,8 @@ class Replica:
         self.rec.steps.append(
             (
                 self.step_id, phase, start, self.env.now - start, batch_size, num_offloaded, prefill_tokens,
-                attended_tokens, recall_bytes, num_transfers, stall_s, self.device.used, hbm, self.host.used,
+                attended_tokens, recall_bytes, num_transfers, stall_s, link_busy_s, self.device.used, hbm,
+                self.host.used,
             )
         )  # fmt: skip
         self.step_id += 1

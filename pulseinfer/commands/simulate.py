@@ -1,0 +1,87 @@
+"""``pulseinfer simulate``: replay a scenario's workload through each policy and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace through each policy and compare them",
+        description="Replay a scenario's workload through each policy on one simulated GPU and print a "
+        "summary table (one row per policy, with ratios to sglang).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        default=None,
+        help="scenario YAML path or shipped scenario name (default: the shipped 'default' scenario)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="results folder (default: results/<scenario name>)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set workload.time_scale=0.5 --set policies=sglang,pulseinfer",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.kv import CapacityError
+    from sim.loader import ScenarioError, load_scenario
+    from sim.report import format_summary
+    from sim.run import simulate, with_ratios
+
+    out = args.out
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        out = out or Path("results") / scenario.name
+        _check_out_dir(out)
+        started = time.perf_counter()
+        progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
+        result = simulate(scenario, progress=progress)
+        wall_s = time.perf_counter() - started
+        result.write(out)
+    except (ScenarioError, CapacityError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: --out {out}: cannot write results ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    n = len(result.workload)
+    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}")
+    print(format_summary(with_ratios(result.summary)))
+    print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
+    return 0
+
+
+def _check_out_dir(out: Path) -> None:
+    """Fail before simulating, not after, when ``--out`` cannot be a results folder."""
+    from sim.loader import ScenarioError
+
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"--out {out}: exists and is not a folder; give a folder path")
+
+
+def _tqdm_progress(policy: str, total: int):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"{policy:>10}", unit="req", file=sys.stderr, leave=True)
+
+    def on_finish(_req: object) -> None:
+        bar.update(1)
+        if bar.n >= total:
+            bar.close()
+
+    return on_finish
