@@ -18,6 +18,9 @@ from pydantic import ValidationError
 from sim.specs import Scenario
 
 CARD_KINDS = {"model": "models", "hardware": "hardware"}
+POLICY_DIR = "policies"
+DEFAULT_POLICIES = ["sglang", "pulseinfer"]
+POLICY_KINDS = ("dense", "offload")
 DEFAULT_SCENARIO = "default"
 LIST_KEYS = {"policies"}  # list fields settable as a comma-separated string
 
@@ -80,7 +83,44 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     for kind in CARD_KINDS:
         if isinstance(raw.get(kind), str):
             raw[kind] = load_card(kind, raw[kind])
+    raw["policy"] = resolve_policies(raw)
     return validate_scenario(raw)
+
+
+def policy_presets() -> list[str]:
+    """Names of the shipped policy presets (``scenarios/policies/*.yaml``)."""
+    return sorted(p.stem for p in (scenarios_dir() / POLICY_DIR).glob("*.yaml"))
+
+
+def resolve_policies(raw: dict[str, Any]) -> dict[str, Any]:
+    """Knobs of every policy in ``raw["policies"]``: its preset, then the scenario's ``policy.<name>`` keys.
+
+    A name is a shipped preset, or any name whose ``policy.<name>.preset`` names one (ablation variants).
+
+    Raises:
+        ScenarioError: a policy that is neither a preset nor has a ``preset`` key, or an unknown preset.
+    """
+    names = raw.setdefault("policies", list(DEFAULT_POLICIES))
+    given = raw.get("policy") or {}
+    if not isinstance(names, list) or not isinstance(given, dict):
+        return given  # let validation report the wrong type with its location
+    resolved: dict[str, Any] = {}
+    for name in names:
+        entry = given.get(name) or {}
+        if not isinstance(entry, dict) or not isinstance(name, str):
+            resolved[str(name)] = entry
+            continue
+        entry = dict(entry)
+        preset = entry.pop("preset", name)
+        path = scenarios_dir() / POLICY_DIR / f"{preset}.yaml"
+        if not path.is_file():
+            where = f"policy.{name}.preset" if preset != name else "policies"
+            raise ScenarioError(
+                f"{where}: unknown policy {preset!r} (presets: {', '.join(policy_presets())}; "
+                f"or define policy.{name}.preset)"
+            )
+        resolved[name] = {**_read_yaml(path), **entry}
+    return resolved
 
 
 def validate_scenario(raw: dict[str, Any]) -> Scenario:
@@ -95,7 +135,10 @@ def format_validation_error(exc: ValidationError) -> str:
     """``a.b: message (got value)`` for each error, joined by ``; ``."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        parts = list(err["loc"])
+        if len(parts) > 2 and parts[0] == "policy" and parts[2] in POLICY_KINDS:
+            del parts[2]  # pydantic puts the discriminator tag in the path; users never write it
+        loc = ".".join(str(p) for p in parts)
         got = err.get("input")
         shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         msg = err["msg"].removeprefix("Value error, ")

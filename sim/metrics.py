@@ -9,7 +9,10 @@ Definitions (STYLE.md §9.3, vLLM's benchmark metrics):
 * ``goodput_requests_per_s`` = finished requests meeting every SLO bound that is set / duration;
 * ``mean_batch`` = mean decode batch size over decode steps; ``link_busy_frac`` = H2D busy time /
   duration; ``stall_frac`` = GPU time waiting on recalls / decode time;
-* ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes).
+* ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes);
+* ``recall_gb_per_step`` = mean H2D recall bytes per decode step / 1e9; ``fragments_per_step`` = mean
+  recalled fragments per decode step; ``link_gbps_achieved`` = recall bytes / H2D busy time (what the
+  link delivered while busy: near peak for coalesced recalls, far below for small fragments).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from sim.specs import GIB, SloSpec
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",
-    "attended_tokens", "recall_bytes", "num_transfers", "stall_s", "link_busy_s", "kv_used_blocks", "hbm_used_bytes",
-    "host_used_bytes",
+    "attended_tokens", "recall_bytes", "num_fragments", "num_transfers", "stall_s", "link_busy_s", "kv_used_blocks",
+    "hbm_used_bytes", "host_used_bytes",
 ]  # fmt: skip
 REQUEST_COLUMNS = [
     "request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
@@ -33,19 +36,76 @@ REQUEST_COLUMNS = [
 SUMMARY_COLUMNS = [
     "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
     "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
-    "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s",
+    "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s", "recall_gb_per_step",
+    "fragments_per_step", "link_gbps_achieved",
 ]  # fmt: skip
+LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
+LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
 
 
 @dataclass
 class Recorder:
-    """Append-only records of one policy's run; turned into tables once, at the end."""
+    """Append-only records of one policy's run; turned into tables once, at the end.
 
+    Per-layer recall is kept two ways: totals over the run (``layers.csv``) and per time bin of
+    ``layer_bin_s`` seconds (``layer_recall.csv``, the layer × time heatmap).
+    """
+
+    num_layers: int
+    layer_bin_s: float = 10.0
     steps: list[tuple] = field(default_factory=list)
     requests: list = field(default_factory=list)  # sim.scheduler.Request objects, finished or rejected
     link_busy_s: float = 0.0
     decode_tokens: int = 0
     num_preemptions: int = 0
+    layer_bytes: np.ndarray = None  # int64 [num_layers]
+    layer_fragments: np.ndarray = None
+    layer_stall_s: np.ndarray = None  # float [num_layers]
+    binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.layer_bytes = np.zeros(self.num_layers, dtype=np.int64)
+        self.layer_fragments = np.zeros(self.num_layers, dtype=np.int64)
+        self.layer_stall_s = np.zeros(self.num_layers)
+
+    def add_layers(self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float]) -> None:
+        """Accumulate one step's per-layer recall (int64 [num_layers] each) and stall."""
+        self.layer_bytes += nbytes
+        self.layer_fragments += fragments
+        self.layer_stall_s += stall_s
+        key = int(time_s // self.layer_bin_s)
+        acc = self.binned_bytes.get(key)
+        if acc is None:
+            self.binned_bytes[key] = nbytes.copy()
+        else:
+            acc += nbytes
+
+
+def layers_table(rec: Recorder) -> pd.DataFrame:
+    """Per-layer totals over the run: recall bytes, fragments, stall seconds (one row per layer)."""
+    return pd.DataFrame(
+        {
+            "layer": np.arange(rec.num_layers),
+            "recall_bytes": rec.layer_bytes,
+            "fragments": rec.layer_fragments,
+            "stall_s": rec.layer_stall_s,
+        }
+    )
+
+
+def layer_recall_table(rec: Recorder) -> pd.DataFrame:
+    """Recall bytes per (time bin, layer), long format; ``time_s`` is the bin start."""
+    if not rec.binned_bytes:
+        return pd.DataFrame(columns=LAYER_RECALL_COLUMNS)
+    keys = sorted(rec.binned_bytes)
+    data = np.stack([rec.binned_bytes[k] for k in keys])  # [bins, L]
+    return pd.DataFrame(
+        {
+            "time_s": np.repeat(np.array(keys, dtype=float) * rec.layer_bin_s, rec.num_layers),
+            "layer": np.tile(np.arange(rec.num_layers), len(keys)),
+            "recall_bytes": data.ravel(),
+        }
+    )
 
 
 def requests_table(reqs: list) -> pd.DataFrame:
@@ -127,4 +187,7 @@ def summarize(
         "num_preemptions": rec.num_preemptions,
         "prefill_busy_frac": prefill_time / duration,
         "duration_s": duration,
+        "recall_gb_per_step": float(decode["recall_bytes"].mean()) / 1e9 if len(decode) else 0.0,
+        "fragments_per_step": float(decode["num_fragments"].mean()) if len(decode) else 0.0,
+        "link_gbps_achieved": float(decode["recall_bytes"].sum()) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
     }

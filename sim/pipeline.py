@@ -1,10 +1,12 @@
 """The layer pipeline of one decode step: recall over the H2D link overlapped with layer compute.
 
-Per step, with per-layer link times ``r[l]`` and compute times ``c[l]`` (one-layer look-ahead)::
+Per step, with per-layer host gather times ``g[l]``, link times ``r[l]`` and compute times ``c[l]``
+(one-layer look-ahead)::
 
     recall l   issued at  t0 (l = 0) or when compute of layer l-1 starts (l ≥ 1)
-               starts at  max(issue, link free)           — one H2D DMA queue per GPU, FIFO
-    compute l  starts at  max(compute l-1 end, recall l end)  — stall = the wait on the recall
+    gather l   starts at  max(issue, host free)            — gather-scatter only; g = 0 otherwise
+    copy l     starts at  max(gather l end, link free)     — one H2D DMA queue per GPU, FIFO
+    compute l  starts at  max(compute l-1 end, copy l end) — stall = the wait on the recall
 
 Model assumption (DESIGN.md, mechanism 3, first version): selection for layer l+1 is known when layer l
 starts (speculated from layer l's input), so layer l+1's recall overlaps layer l's compute; layer 0's
@@ -31,9 +33,16 @@ class StepTiming:
     stall_s: float  # total time the GPU waited on recalls
     link_busy_s: float  # total H2D time of the recalls
     link_free_s: float  # when the link is next free
+    layer_stall_s: list[float]  # per layer
 
 
-def run_closed_form(t0: float, compute_s: Sequence[float], recall_s: Sequence[float], link_free_s: float) -> StepTiming:
+def run_closed_form(
+    t0: float,
+    compute_s: Sequence[float],
+    recall_s: Sequence[float],
+    link_free_s: float,
+    gather_s: Sequence[float] | None = None,
+) -> StepTiming:
     """Layer pipeline by recurrence.
 
     Args:
@@ -41,28 +50,35 @@ def run_closed_form(t0: float, compute_s: Sequence[float], recall_s: Sequence[fl
         compute_s: per-layer GPU time, length num_layers.
         recall_s: per-layer link time, length num_layers; 0 means nothing to recall.
         link_free_s: when the H2D link finishes work queued before this step.
+        gather_s: per-layer host gather time before each copy (gather-scatter), or None.
 
     Returns:
         The step's :class:`StepTiming`.
     """
-    # Hot path: plain floats, no allocation per layer.
-    gpu_free = t0
-    issue = t0
+    # Hot path: plain floats, one pass over the layers.
+    gpu_free = issue = host_free = t0
     link_free = link_free_s
-    stall = 0.0
-    busy = 0.0
-    for c, r in zip(compute_s, recall_s):
+    stall = busy = 0.0
+    stalls = [0.0] * len(compute_s)
+    gathers = gather_s if gather_s is not None else [0.0] * len(compute_s)
+    for layer, (c, r, g) in enumerate(zip(compute_s, recall_s, gathers)):
         ready = gpu_free
         if r > 0.0:
-            start = issue if issue > link_free else link_free
+            start = issue
+            if g > 0.0:
+                host_free = (issue if issue > host_free else host_free) + g
+                start = host_free
+            if link_free > start:
+                start = link_free
             link_free = start + r
             busy += r
             if link_free > ready:
-                stall += link_free - ready
+                stalls[layer] = link_free - ready
+                stall += stalls[layer]
                 ready = link_free
         issue = ready  # the next layer's recall is issued when this layer's compute starts
         gpu_free = ready + c
-    return StepTiming(gpu_free, stall, busy, link_free)
+    return StepTiming(gpu_free, stall, busy, link_free, stalls)
 
 
 def run_events(
@@ -71,11 +87,14 @@ def run_events(
     gpu: simpy.Resource,
     compute_s: Sequence[float],
     recall_s: Sequence[float],
+    host: simpy.Resource | None = None,
+    gather_s: Sequence[float] | None = None,
 ) -> Generator[simpy.Event, object, StepTiming]:
     """Layer pipeline as SimPy processes; use as ``timing = yield env.process(run_events(...))``.
 
-    The recall of layer l is a process that waits for its issue event, holds ``link`` for
-    ``recall_s[l]`` and then fires ``done[l]``; the compute loop holds ``gpu`` per layer.
+    The recall of layer l is a process that waits for its issue event, holds ``host`` for
+    ``gather_s[l]`` (gather-scatter), then ``link`` for ``recall_s[l]``, and fires ``done[l]``; the
+    compute loop holds ``gpu`` per layer.
     """
     num_layers = len(compute_s)
     issued = [env.event() for _ in range(num_layers)]
@@ -85,6 +104,10 @@ def run_events(
     def recall(layer: int) -> Generator[simpy.Event, object, None]:
         yield issued[layer]
         if recall_s[layer] > 0.0:
+            if gather_s is not None and gather_s[layer] > 0.0:
+                with host.request() as req:
+                    yield req
+                    yield env.timeout(gather_s[layer])
             with link.request() as req:
                 yield req
                 yield env.timeout(recall_s[layer])
@@ -94,14 +117,14 @@ def run_events(
     for layer in range(num_layers):
         env.process(recall(layer))
     issued[0].succeed()
-    stall = 0.0
+    stalls = [0.0] * num_layers
     for layer in range(num_layers):
         wait_from = env.now
         yield done[layer]
-        stall += env.now - wait_from
+        stalls[layer] = env.now - wait_from
         with gpu.request() as req:
             yield req
             if layer + 1 < num_layers:
                 issued[layer + 1].succeed()
             yield env.timeout(compute_s[layer])
-    return StepTiming(env.now, stall, busy[0], env.now)
+    return StepTiming(env.now, sum(stalls), busy[0], env.now, stalls)

@@ -1,73 +1,149 @@
-"""Recall model, first version: how many selected blocks each offloaded request moves per layer and step.
+"""Recall model: which blocks each offloaded request moves per layer and step, as bytes and fragments.
 
-For an offloaded request with ``ctx`` tokens in its KV cache (DESIGN.md "Recall model")::
+For an offloaded request r with ``ctx`` KV tokens, at layer l and step t (DESIGN.md "Recall model")::
 
-    offloaded_blocks = max(0, (ctx − sink_tokens − recent_tokens) // block_size)
-    selected k       = min(budget_tokens // block_size, offloaded_blocks)
-    missing          = k                      on the first decode step after a prefill (cold buffer)
-                     ~ Binomial(k, miss_rate) afterwards, drawn independently per layer
+    offloaded_blocks n  = max(0, ctx − sink_tokens − recent_tokens) // block_size   (sink, window resident)
+    selected k          = min(budget_tokens // block_size, n)
+    change c[r,l,t]     ~ Kumaraswamy(a, b_l), mean m_l from recall_stats.change_mean_by_depth
+    miss fraction q     = c · (1 − ρ · h)        ρ = returning_frac
+    buffer hit h        = clip((B − k) / (W − k), 0, 1),  W = k · (1 + w · m_l)
+    missing             = ⌊k · q + U⌋, U ~ Uniform(0, 1)   (unbiased stochastic rounding)
 
-Model assumption (placeholder until the recall-I/O issue): one miss rate for every layer and step, the
-recall buffer always holds the rest of the selection. The default ``miss_rate`` of 0.15 sits below the
-"< 25 % of blocks change per step" that REFERENCE.md §2.1 (NOSA) reports, because a buffer of
-``recall_buffer_blocks`` (2× the budget by default) also keeps blocks selected a few steps ago
-(SparseServe: a 12-step working set covers almost all selections, REFERENCE.md §2.2).
+W is what an LRU buffer must hold to keep the last w = ``working_set_steps`` steps: the current k plus
+the m_l·k blocks each step drops from the selection (they stay in LRU order behind the selected ones). A
+returning block left the selection j steps ago (j uniform in 1..w); it is still buffered when
+k + j·m_l·k ≤ B, hence h. A recall buffer of B = ``recall_buffer_blocks`` ≥ W serves every returning block
+from HBM. ``tests/sim/test_recall_reference.py`` checks h against an explicit LRU buffer that tracks
+block ids. The first step after (re)admission is cold: q = 1. A fixed ``miss_rate`` in the policy
+replaces c · (1 − ρ h) (for tests and what-ifs).
 
-SoloHead selection with the gather-scatter engine: one set per (request, layer), each block carries all
-KV heads, and all misses of one layer (whole batch) go over the link as **one** coalesced transfer.
+Selection modes:
 
-Hot path: a sum of independent Binomial(k_i, p) draws is Binomial(Σ k_i, p), so one draw per layer covers
-the whole batch; no loop over requests.
+* ``solohead`` — one set per (r, l); a fragment is one block with every KV head
+  (block_size × kv_bytes_per_token_layer bytes).
+* ``headwise`` — each of the H KV heads selects k blocks of its own; heads share the (r, l, t) change
+  draw (Model assumption), so H·k·q head-blocks move, each its own fragment of
+  block_size × head_dim × 2 × dtype bytes. The bytes equal SoloHead's at the same q; the fragments are
+  H times as many, and small.
+* ``all`` — FlexGen-like: every offloaded block, every step, no buffer; one contiguous fragment per
+  (r, l) of n blocks.
+
+Hot path: draws are (n_offloaded, num_layers) arrays, one vectorised pass per step; only per-layer sums
+leave this module.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from sim.specs import HardwareSpec, ModelSpec, PulseInferPolicy
+from sim.link import LinkModel
+from sim.specs import ModelSpec, OffloadPolicy, RecallStatsSpec
+
+
+@dataclass(slots=True)
+class LayerRecall:
+    """Recall of one decode step, per layer (lists of length num_layers)."""
+
+    gather_s: list[float]  # host gather time (gather_scatter only)
+    link_s: list[float]  # H2D time
+    nbytes: np.ndarray  # int64 [num_layers]
+    fragments: np.ndarray  # int64 [num_layers]
+    num_transfers: int  # H2D copies of the whole step
+
+
+def kumaraswamy_b(mean: float, a: float) -> float:
+    """The Kumaraswamy ``b`` giving ``mean`` for shape ``a`` (mean = b·B(1 + 1/a, b), decreasing in b)."""
+    from math import lgamma
+
+    def mean_of(b: float) -> float:
+        return float(np.exp(np.log(b) + lgamma(1 + 1 / a) + lgamma(b) - lgamma(1 + 1 / a + b)))
+
+    lo, hi = 1e-6, 1e6
+    for _ in range(200):  # bisection in log space
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if mean_of(mid) > mean else (lo, mid)
+    return (lo * hi) ** 0.5
 
 
 class RecallModel:
-    """Recall bytes and link time per layer for the offloaded part of a decode batch.
+    """Per-layer recall of the offloaded part of a decode batch.
 
     Args:
-        model: model card (KV bytes per token and layer).
-        policy: the PulseInfer policy knobs (block size, budget, sink/recent window, miss rate).
-        hardware: H2D bandwidth and per-transfer latency.
+        model: model card (KV bytes per token and layer, KV heads).
+        policy: the offload policy (block size, budget, window, buffer, selection, io, miss_rate).
+        stats: step-to-step selection statistics (per-layer change distribution, reuse).
+        link: link and host-gather cost model.
     """
 
-    def __init__(self, model: ModelSpec, policy: PulseInferPolicy, hardware: HardwareSpec) -> None:
-        self.num_layers = model.num_layers
+    def __init__(self, model: ModelSpec, policy: OffloadPolicy, stats: RecallStatsSpec, link: LinkModel) -> None:
+        self.num_layers = L = model.num_layers
+        self.selection, self.io, self.link = policy.selection, policy.io, link
         self.block_size = policy.block_size
         self.budget_blocks = policy.budget_tokens // policy.block_size
+        self.buffer_blocks = policy.recall_buffer_blocks
         self.window_tokens = policy.sink_tokens + policy.recent_tokens
         self.miss_rate = policy.miss_rate
         self.block_bytes_layer = policy.block_size * model.kv_bytes_per_token_layer
-        self.h2d_bps = hardware.h2d_bandwidth_gbps * 1e9
-        self.h2d_latency_s = hardware.h2d_latency_us * 1e-6
+        self.heads = model.num_kv_heads if policy.selection == "headwise" else 1
+        self.fragment_bytes = self.block_bytes_layer // self.heads
+        depth = np.linspace(0.0, 1.0, L) if L > 1 else np.zeros(1)
+        knots = np.array(stats.change_mean_by_depth, dtype=float)
+        self.change_mean = np.interp(depth, knots[:, 0], knots[:, 1])  # [L]
+        self.inv_a = 1.0 / stats.change_shape_a
+        self.inv_b = 1.0 / np.array([kumaraswamy_b(m, stats.change_shape_a) for m in self.change_mean])
+        self.returning = stats.returning_frac
+        self.working_growth = stats.working_set_steps * self.change_mean  # [L]: (W − k) / k
+
+    def offloaded_blocks(self, ctx: np.ndarray) -> np.ndarray:
+        """Blocks outside the sink and recent window, per request (int64 [n])."""
+        return np.maximum(ctx - self.window_tokens, 0) // self.block_size
 
     def selected_blocks(self, ctx: np.ndarray) -> np.ndarray:
-        """Blocks selected per layer for each request (int64 [n]) given its KV tokens ``ctx`` (int64 [n])."""
-        offloaded = np.maximum(ctx - self.window_tokens, 0) // self.block_size
-        return np.minimum(offloaded, self.budget_blocks)
+        """Blocks selected per layer (per head for headwise) for each request (int64 [n])."""
+        n = self.offloaded_blocks(ctx)
+        return n if self.selection == "all" else np.minimum(n, self.budget_blocks)
 
-    def missing_blocks(self, selected: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Blocks to recall per layer for the whole batch: int64 [num_layers].
+    def miss_fraction(self, selected: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Fraction of each request's selection to recall, per layer: float [n, num_layers]."""
+        n = len(selected)
+        if self.miss_rate is not None:
+            q = np.full((n, self.num_layers), self.miss_rate)
+        else:
+            u = rng.random((n, self.num_layers))
+            change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
+            k = np.maximum(selected, 1)[:, None].astype(float)
+            hit = np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
+            q = change * (1.0 - self.returning * hit)
+        q[cold] = 1.0
+        return q
 
-        Args:
-            selected: int64 [n], selected blocks per request (from :meth:`selected_blocks`).
-            cold: bool [n], True where the request's recall buffer is empty (first step after prefill).
-            rng: the simulation's seeded generator.
-        """
-        cold_blocks = int(selected[cold].sum())
-        warm_blocks = int(selected[~cold].sum())
-        missing = np.full(self.num_layers, cold_blocks, dtype=np.int64)
-        if warm_blocks and self.miss_rate > 0.0:
-            missing += rng.binomial(warm_blocks, self.miss_rate, size=self.num_layers)
-        return missing
+    def step(self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> LayerRecall:
+        """Recall of one step for offloaded requests with ``ctx`` KV tokens (int64 [n]) and cold flags (bool [n])."""
+        selected = self.selected_blocks(ctx)
+        L = self.num_layers
+        if self.selection == "all":
+            layer_blocks = int(selected.sum())
+            sizes = selected[selected > 0] * self.block_bytes_layer
+            fragments = np.full(L, len(sizes), dtype=np.int64)
+            nbytes = np.full(L, layer_blocks * self.block_bytes_layer, dtype=np.int64)
+            if self.io == "per_fragment":
+                per_layer = float(sum(self.link.transfer_s(s) for s in sizes.tolist()))
+                return LayerRecall([0.0] * L, [per_layer] * L, nbytes, fragments, int(fragments.sum()))
+            return self._coalesced(nbytes, fragments)
+        q = self.miss_fraction(selected, cold, rng)
+        head_blocks = (selected * self.heads)[:, None]
+        missing = np.floor(head_blocks * q + rng.random(q.shape)).astype(np.int64)
+        fragments = missing.sum(axis=0)
+        nbytes = fragments * self.fragment_bytes
+        if self.io == "per_fragment":
+            link_s = [self.link.fragments_s(f, self.fragment_bytes) for f in fragments.tolist()]
+            return LayerRecall([0.0] * L, link_s, nbytes, fragments, int(fragments.sum()))
+        return self._coalesced(nbytes, fragments)
 
-    def link_s(self, missing: np.ndarray) -> list[float]:
-        """Link time per layer: one coalesced transfer of ``latency + bytes / bandwidth``, 0 if empty."""
-        nbytes = missing * self.block_bytes_layer
-        times = np.where(missing > 0, self.h2d_latency_s + nbytes / self.h2d_bps, 0.0)
-        return times.tolist()
+    def _coalesced(self, nbytes: np.ndarray, fragments: np.ndarray) -> LayerRecall:
+        """Gather-scatter: host gather of every fragment, then one H2D copy per layer."""
+        gather = [self.link.gather_s(f, b) for f, b in zip(fragments.tolist(), nbytes.tolist())]
+        link_s = [self.link.transfer_s(b) for b in nbytes.tolist()]
+        return LayerRecall(gather, link_s, nbytes, fragments, int(np.count_nonzero(nbytes)))

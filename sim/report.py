@@ -1,13 +1,12 @@
-"""Human-readable rendering of the summary table: the columns that explain a comparison, in display units.
-
-The CSV keeps every column at full precision in SI units (p50s, durations, fractions of requests offloaded)."""
+"""Human-readable rendering of the summary: two narrow tables (service, then memory and I/O) in display
+units. The CSV keeps every column at full precision in SI units."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-DISPLAY = [
-    # (column, header, scale, format)
+# (column, header, scale, format)
+SERVICE = [
     ("policy", "policy", None, "{}"),
     ("finished", "done", None, "{:d}"),
     ("unfinished", "unfin", None, "{:d}"),
@@ -17,20 +16,30 @@ DISPLAY = [
     ("tpot_p99_s", "TPOT p99 ms", 1e3, "{:.1f}"),
     ("ttft_p99_s", "TTFT p99 s", 1.0, "{:.2f}"),
     ("goodput_requests_per_s", "goodput req/s", 1.0, "{:.3f}"),
+]
+MEMORY_IO = [
+    ("policy", "policy", None, "{}"),
     ("mean_batch", "mean batch", 1.0, "{:.1f}"),
+    ("peak_hbm_gib", "peak HBM GiB", 1.0, "{:.1f}"),
+    ("num_preemptions", "retracted", None, "{:d}"),
+    ("recall_gb_per_step", "recall GB/step", 1.0, "{:.3f}"),
+    ("fragments_per_step", "fragments/step", 1.0, "{:.0f}"),
+    ("link_gbps_achieved", "link GB/s", 1.0, "{:.1f}"),
     ("link_busy_frac", "link busy %", 100.0, "{:.1f}"),
     ("stall_frac", "stall %", 100.0, "{:.1f}"),
-    ("num_preemptions", "retracted", None, "{:d}"),
-    ("peak_hbm_gib", "peak HBM GiB", 1.0, "{:.1f}"),
 ]
 
 
-def format_summary(summary: pd.DataFrame) -> str:
-    """The summary as an aligned text table with units in the headers (ms for TPOT, % for fractions)."""
+def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
     cols = {}
-    for col, header, scale, fmt in DISPLAY:
+    for col, header, scale, fmt in spec:
         if col not in summary:
             continue
         values = summary[col] * scale if scale is not None else summary[col]
         cols[header] = [("-" if pd.isna(v) else fmt.format(v)) for v in values]
     return pd.DataFrame(cols).to_string(index=False)
+
+
+def format_summary(summary: pd.DataFrame) -> str:
+    """The summary as two aligned text tables with units in the headers (ms for TPOT, % for fractions)."""
+    return _table(summary, SERVICE) + "\n\n" + _table(summary, MEMORY_IO)

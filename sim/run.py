@@ -16,12 +16,21 @@ import simpy
 
 import traces
 from sim.loader import ScenarioError, dump_scenario
-from sim.metrics import SUMMARY_COLUMNS, Recorder, requests_table, steps_table, summarize
-from sim.policies import POLICIES
+from sim.metrics import (
+    SUMMARY_COLUMNS,
+    Recorder,
+    layer_recall_table,
+    layers_table,
+    requests_table,
+    steps_table,
+    summarize,
+)
+from sim.policies import make_policy
 from sim.scheduler import Replica, Request
 from sim.specs import Scenario
 
 BASELINE = "sglang"
+TABLES = {"requests": "requests", "steps": "steps", "layers": "layers", "layer_recall": "layer_recall"}
 RATIO_COLUMNS = {
     "decode_tokens_per_s": "throughput_vs_sglang",
     "goodput_requests_per_s": "goodput_vs_sglang",
@@ -37,6 +46,8 @@ class PolicyResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
+    layers: pd.DataFrame  # per layer totals: recall bytes, fragments, stall
+    layer_recall: pd.DataFrame  # recall bytes per (time bin, layer)
 
 
 @dataclass
@@ -53,10 +64,11 @@ class SimResult:
         return pd.DataFrame([r.summary for r in self.policies.values()], columns=SUMMARY_COLUMNS)
 
     def write(self, out_dir: Path) -> None:
-        """Write summary.csv, requests.csv, steps.csv (with a ``policy`` column) and scenario.yaml."""
+        """Write summary.csv, then requests/steps/layers/layer_recall.csv (with a ``policy`` column) and
+        scenario.yaml."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.summary.to_csv(out_dir / "summary.csv", index=False)
-        for name, table in (("requests", "requests"), ("steps", "steps")):
+        for name, table in TABLES.items():
             frames = [getattr(r, table).assign(policy=p) for p, r in self.policies.items()]
             df = pd.concat(frames, ignore_index=True)
             df = df[["policy"] + [c for c in df.columns if c != "policy"]]
@@ -110,9 +122,9 @@ def simulate_policy(
         CapacityError: if the model does not fit in HBM.
     """
     env = simpy.Environment()
-    policy = POLICIES[policy_name](scenario)
+    policy = make_policy(scenario, policy_name)
     rng = np.random.default_rng([scenario.seed, seed_index])
-    rec = Recorder()
+    rec = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
     reqs = [
         Request(int(i), float(a), int(p), int(o))
         for i, a, p, o in zip(
@@ -136,7 +148,7 @@ def simulate_policy(
     summary = summarize(
         policy_name, requests, steps, rec, scenario.slo, replica.fixed_hbm_bytes, replica.block_bytes, end_s
     )
-    return PolicyResult(requests, steps, summary)
+    return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec))
 
 
 def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> simpy.Event:

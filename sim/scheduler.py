@@ -40,7 +40,7 @@ import simpy
 from sim.kv import Pool, device_pool_blocks
 from sim.metrics import Recorder
 from sim.pipeline import run_closed_form, run_events
-from sim.policies.base import Policy
+from sim.policies.base import Policy, StepCost
 from sim.specs import Scenario
 
 NAN = math.nan
@@ -114,7 +114,7 @@ class Replica:
     Args:
         env: the SimPy environment.
         scenario: the validated scenario.
-        policy: the policy instance (``sim.policies.POLICIES[name](scenario)``).
+        policy: the policy instance (``sim.policies.make_policy(scenario, name)``).
         requests: requests in arrival order.
         rng: seeded generator for the policy's random draws.
         recorder: where step and request records go.
@@ -147,6 +147,7 @@ class Replica:
         self.debug = scenario.run.debug_checks
         self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (REFERENCE §3.2)
         self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
+        self.host_gather = simpy.Resource(env, capacity=1)  # the gather threads, one layer at a time
         self.link_free_s = 0.0
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch()
@@ -344,7 +345,7 @@ class Replica:
                 joining.append(r)
         self.batch.add(joining)
         tokens = sum(take for _, take in chunks)
-        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, 0, 0, 0, 0.0, 0.0)
+        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, None, 0.0, 0.0)
 
     # ---- decode ----------------------------------------------------------------------------------
     def _decode_step(self) -> Generator[simpy.Event, object, None]:
@@ -357,26 +358,28 @@ class Replica:
         cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng)
         overhead = pol.compute.step_overhead_s
         stall = busy = 0.0
+        layer_stall = None
         if cost.recall_s is None:
             yield env.timeout(overhead + sum(cost.compute_s) + cost.head_s)
         elif self.layer_events:
             yield env.timeout(overhead)
-            timing = yield env.process(run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s))
-            stall, busy = timing.stall_s, timing.link_busy_s
+            timing = yield env.process(
+                run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s, self.host_gather, cost.gather_s)
+            )
             yield env.timeout(cost.head_s)
         else:
-            timing = run_closed_form(start + overhead, cost.compute_s, cost.recall_s, self.link_free_s)
+            timing = run_closed_form(start + overhead, cost.compute_s, cost.recall_s, self.link_free_s, cost.gather_s)
             self.link_free_s = timing.link_free_s
-            stall, busy = timing.stall_s, timing.link_busy_s
             yield env.timeout(timing.end_s + cost.head_s - start)
+        if cost.recall_s is not None:
+            stall, busy, layer_stall = timing.stall_s, timing.link_busy_s, timing.layer_stall_s
+            self.rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall)
         b.ctx = ctx
         b.generated += 1
         b.cold[:] = False
         n_off = int(b.offloaded.sum())
         self.rec.link_busy_s += busy
-        self._record(
-            "decode", start, len(b), n_off, 0, cost.attended_tokens, cost.recall_bytes, cost.num_transfers, stall, busy
-        )  # fmt: skip
+        self._record("decode", start, len(b), n_off, 0, cost, stall, busy)
         self.rec.decode_tokens += len(b)
         self.new_token_ratio = max(self.policy.params.new_token_ratio_min, self.new_token_ratio - self.ratio_decay)
         finished = b.generated >= b.output
@@ -436,19 +439,21 @@ class Replica:
         batch_size: int,
         num_offloaded: int,
         prefill_tokens: int,
-        attended_tokens: int,
-        recall_bytes: int,
-        num_transfers: int,
+        cost: StepCost | None,
         stall_s: float,
         link_busy_s: float,
     ) -> None:
         hbm = self.fixed_hbm_bytes + self.device.used * self.block_bytes
         if self.debug:
             self._check_invariants(hbm)
+        attended = recall_bytes = fragments = transfers = 0
+        if cost is not None:
+            attended, recall_bytes = cost.attended_tokens, cost.recall_bytes
+            fragments, transfers = cost.num_fragments, cost.num_transfers
         self.rec.steps.append(
             (
                 self.step_id, phase, start, self.env.now - start, batch_size, num_offloaded, prefill_tokens,
-                attended_tokens, recall_bytes, num_transfers, stall_s, link_busy_s, self.device.used, hbm,
+                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, self.device.used, hbm,
                 self.host.used,
             )
         )  # fmt: skip

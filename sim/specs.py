@@ -139,9 +139,23 @@ class HardwareSpec(_Spec):
     h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer
     host_dram_gib: PositiveFloat  # host DRAM available for offloaded KV
     reserve_gib: Annotated[float, Field(ge=0)]  # HBM kept out of the static pool (activations, graphs)
+    h2d_size_table: list[tuple[PositiveInt, PositiveFloat]] | None = None  # measured (size_bytes, gbps)
+    d2h_coupling: Annotated[float, Field(ge=0, lt=1)] = 0.0  # H2D slowdown while D2H writes run
+    host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
+    host_gather_gbps_per_thread: PositiveFloat = 12.0  # memcpy rate of one thread
+    host_gather_fragment_us: Annotated[float, Field(ge=0)] = 0.2  # per-fragment cost of one thread
     hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
+
+    @model_validator(mode="after")
+    def _check_table(self) -> HardwareSpec:
+        table = self.h2d_size_table
+        if table is not None:
+            sizes = [size for size, _ in table]
+            if len(table) < 2 or sizes != sorted(set(sizes)):
+                raise ValueError(f"h2d_size_table needs >= 2 points with rising size_bytes, got sizes {sizes}")
+        return self
 
     @property
     def hbm_bytes(self) -> int:
@@ -200,9 +214,13 @@ class SloSpec(_Spec):
     ttft_s: PositiveFloat | None = None
 
 
-class SglangPolicy(_Spec):
-    """SGLang-like dense serving: all KV on the GPU (REFERENCE.md §5)."""
+class DensePolicy(_Spec):
+    """Dense serving, SGLang-like: all KV on the GPU, batch capped by the KV pool (REFERENCE.md §5).
 
+    Shipped preset: ``scenarios/policies/sglang.yaml``.
+    """
+
+    kind: Literal["dense"] = "dense"
     block_size: PositiveInt = 1  # SGLang's page_size default is 1 token
     chunked_prefill_tokens: PositiveInt = 8192  # chunked_prefill_size on A100/H100/H200 (§5.2)
     max_running_requests: PositiveInt = 2048
@@ -212,25 +230,34 @@ class SglangPolicy(_Spec):
     clip_max_new_tokens: PositiveInt = 4096
 
 
-class PulseInferPolicy(SglangPolicy):
-    """Sparse KV offloading, first version: SoloHead selection, gather-scatter recall, one-layer look-ahead.
+class OffloadPolicy(DensePolicy):
+    """KV offloading with sparse (or full) recall. Presets in ``scenarios/policies/``: ``full_offload``,
+    ``headwise`` and ``pulseinfer`` are this model with different switches.
 
-    Requests with a prompt of at least ``offload_threshold_tokens`` are offloaded: the GPU keeps the
-    sink, the recent window, a recall buffer and the block summaries; every other block lives in host
-    DRAM. See DESIGN.md "PulseInfer's four mechanisms".
+    Requests with a prompt of at least ``offload_threshold_tokens`` are offloaded: the GPU keeps the sink,
+    the recent window, a recall buffer and the block summaries; every other block lives in host DRAM.
+    ``selection``: ``solohead`` (one block set per request and layer, DESIGN.md mechanism 1),
+    ``headwise`` (each KV head its own set) or ``all`` (recall every offloaded block, FlexGen-like).
+    ``io``: ``gather_scatter`` (host gather into a staging buffer, one H2D copy per layer, mechanism 2)
+    or ``per_fragment`` (one copy per fragment).
     """
 
+    kind: Literal["offload"] = "offload"
     block_size: PositiveInt = 32
+    selection: Literal["solohead", "headwise", "all"] = "solohead"
+    io: Literal["gather_scatter", "per_fragment"] = "gather_scatter"
     budget_tokens: PositiveInt = 2048  # attended tokens selected per (request, layer, step)
     sink_tokens: Annotated[int, Field(ge=0)] = 128
     recent_tokens: Annotated[int, Field(ge=0)] = 512
-    recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer, on the GPU
+    recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer (per head: headwise)
     offload_threshold_tokens: PositiveInt = 8192
     max_offloaded_requests: PositiveInt = 256
-    miss_rate: Annotated[float, Field(ge=0, le=1)] = 0.15  # selected blocks not in the recall buffer
+    miss_rate: Annotated[float, Field(ge=0, le=1)] | None = None  # fixed miss rate instead of recall_stats
 
     @model_validator(mode="after")
-    def _check_blocks(self) -> PulseInferPolicy:
+    def _check_blocks(self) -> OffloadPolicy:
+        if self.selection == "all":
+            return self
         if self.budget_tokens < self.block_size:
             raise ValueError(f"budget_tokens ({self.budget_tokens}) must be >= block_size ({self.block_size})")
         if self.recall_buffer_blocks * self.block_size < self.budget_tokens:
@@ -241,14 +268,43 @@ class PulseInferPolicy(SglangPolicy):
         return self
 
 
-POLICY_NAMES = ("sglang", "pulseinfer")
+PolicySpec = Annotated[DensePolicy | OffloadPolicy, Field(discriminator="kind")]
 
 
-class PolicyParams(_Spec):
-    """Knobs of each policy, keyed by policy name (``policy.pulseinfer.budget_tokens``)."""
+class RecallStatsSpec(_Spec):
+    """How selections change from step to step, per layer (DESIGN.md "Recall model").
 
-    sglang: SglangPolicy = SglangPolicy()
-    pulseinfer: PulseInferPolicy = PulseInferPolicy()
+    The fraction of a (request, layer)'s selected blocks that changes from one step to the next is drawn
+    per (request, layer, step) from a Kumaraswamy(a, b) distribution on [0, 1] whose mean follows
+    ``change_mean_by_depth`` (piecewise linear in normalised depth l / (num_layers − 1), so statistics of a
+    30-layer model transfer to a 40-layer one). Of the changed-in blocks, ``returning_frac`` were
+    selected within the last ``working_set_steps`` steps and hit the recall buffer when it holds that
+    working set; the rest are new and always recalled.
+
+    Defaults (Model assumption, placeholders until the engine measures them on a real model): the level,
+    under 25 % of blocks changing per step, is NOSA's (REFERENCE.md §2.1); ``returning_frac`` 0.5 and the
+    12-step window are SparseServe's working-set figures (+10.7 % overlap from 1 to 12 steps, +0.3 % beyond,
+    §2.2); the higher change in early layers follows MODEL.md ("layers 0–1 attend diffusely").
+    """
+
+    change_mean_by_depth: Annotated[list[tuple[float, float]], Field(min_length=1)] = [
+        (0.0, 0.30),
+        (0.1, 0.22),
+        (1.0, 0.16),
+    ]
+    change_shape_a: PositiveFloat = 2.0  # Kumaraswamy a; b follows from the mean
+    returning_frac: Annotated[float, Field(ge=0, le=1)] = 0.5
+    working_set_steps: PositiveInt = 12
+
+    @model_validator(mode="after")
+    def _check_knots(self) -> RecallStatsSpec:
+        depths = [d for d, _ in self.change_mean_by_depth]
+        if depths != sorted(depths) or depths[0] < 0 or depths[-1] > 1:
+            raise ValueError(f"change_mean_by_depth depths must rise within [0, 1], got {depths}")
+        for _, mean in self.change_mean_by_depth:
+            if not 0 < mean < 1:
+                raise ValueError(f"change_mean_by_depth means must be in (0, 1), got {mean}")
+        return self
 
 
 class ServingSpec(_Spec):
@@ -271,6 +327,7 @@ class RunSpec(_Spec):
     layer_model: Literal["closed_form", "events"] = "closed_form"
     horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
     debug_checks: bool = False  # expensive invariant sweeps every step (tests turn it on)
+    layer_bin_s: PositiveFloat = 10.0  # time bin of layer_recall.csv (the layer × time heatmap)
     progress: bool = True
 
 
@@ -284,14 +341,18 @@ class Scenario(_Spec):
     workload: WorkloadSpec = WorkloadSpec()
     slo: SloSpec = SloSpec()
     serving: ServingSpec = ServingSpec()
-    policies: Annotated[list[Literal["sglang", "pulseinfer"]], Field(min_length=1)] = ["sglang", "pulseinfer"]
-    policy: PolicyParams = PolicyParams()
+    policies: Annotated[list[str], Field(min_length=1)]  # names to run, in order
+    policy: dict[str, PolicySpec]  # resolved knobs of every policy in ``policies`` (loader merges presets)
+    recall_stats: RecallStatsSpec = RecallStatsSpec()
     run: RunSpec = RunSpec()
 
     @model_validator(mode="after")
-    def _unique_policies(self) -> Scenario:
+    def _check_policies(self) -> Scenario:
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"policies must not repeat a name, got {self.policies}")
+        missing = [p for p in self.policies if p not in self.policy]
+        if missing:
+            raise ValueError(f"policies {missing} have no entry under policy")
         return self
 
 

@@ -1,15 +1,24 @@
 """Serving policies: what is resident, what is recalled, and what a decode step costs.
 
-Each policy is one class; the scheduler (``sim/scheduler.py``) is shared. ``POLICIES`` maps the names
-used in scenarios (``policies: [sglang, pulseinfer]``) to the classes.
+A scenario names policies (``policies: [sglang, headwise, pulseinfer]``); each resolves to knobs with a
+``kind`` (``scenarios/policies/*.yaml`` presets, see ``sim.loader.resolve_policies``). ``POLICY_KINDS``
+maps a kind to the class that serves it; the scheduler (``sim/scheduler.py``) is shared.
 """
 
 from __future__ import annotations
 
 from sim.policies.base import Policy, StepCost
-from sim.policies.pulseinfer import PulseInfer
-from sim.policies.sglang_like import SglangLike
+from sim.policies.dense import DenseServing
+from sim.policies.offload import OffloadServing
+from sim.specs import Scenario
 
-POLICIES: dict[str, type[Policy]] = {"sglang": SglangLike, "pulseinfer": PulseInfer}
+POLICY_KINDS: dict[str, type[Policy]] = {"dense": DenseServing, "offload": OffloadServing}
 
-__all__ = ["POLICIES", "Policy", "PulseInfer", "SglangLike", "StepCost"]
+
+def make_policy(scenario: Scenario, name: str) -> Policy:
+    """The policy object for ``scenario.policy[name]``."""
+    params = scenario.policy[name]
+    return POLICY_KINDS[params.kind](scenario, name, params)
+
+
+__all__ = ["POLICY_KINDS", "DenseServing", "OffloadServing", "Policy", "StepCost", "make_policy"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.compute import ComputeModel
-from sim.specs import Scenario, SglangPolicy
+from sim.specs import DensePolicy, Scenario
 
 
 @dataclass(slots=True)
@@ -15,23 +15,26 @@ class StepCost:
     """What one decode step costs, before the layer pipeline turns it into time."""
 
     compute_s: list[float]  # per layer, GPU time
-    recall_s: list[float] | None  # per layer, link time; None when nothing is recalled
+    recall_s: list[float] | None  # per layer, H2D time; None when nothing is recalled
+    gather_s: list[float] | None  # per layer, host gather time (gather-scatter), or None
     head_s: float  # LM head + sampling after the last layer
     recall_bytes: int  # H2D bytes of the whole step
-    num_transfers: int  # H2D transfers of the whole step
+    num_fragments: int  # recalled fragments of the whole step
+    num_transfers: int  # H2D copies of the whole step
     attended_tokens: int  # KV tokens read per layer, summed over the batch
+    layer_bytes: np.ndarray | None = None  # int64 [num_layers] recall bytes per layer
+    layer_fragments: np.ndarray | None = None  # int64 [num_layers]
 
 
 class Policy:
-    """Base class: the knobs every policy shares with SGLang-like continuous batching.
+    """Base class: what every policy shares with SGLang-like continuous batching.
 
-    Subclasses set ``name`` and override :meth:`wants_offload`, :meth:`device_blocks` and
+    Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and
     :meth:`step_cost`.
     """
 
-    name = "base"
-
-    def __init__(self, scenario: Scenario, params: SglangPolicy) -> None:
+    def __init__(self, scenario: Scenario, name: str, params: DensePolicy) -> None:
+        self.name = name
         self.params = params
         self.block_size = params.block_size
         self.model = scenario.model

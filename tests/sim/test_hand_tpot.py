@@ -50,26 +50,35 @@ def test_sglang_tpot_matches_hand_computation(one_request_scenario):
     assert row.tpot_s == pytest.approx(sum(steps) / (OUTPUT - 1), rel=1e-12)
 
 
+@pytest.mark.parametrize("io", ["gather_scatter", "per_fragment"])
 @pytest.mark.parametrize("h2d_gbps", [55.0, 5.0], ids=["compute_bound", "link_bound"])
-def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps):
+def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps, io):
     scn = one_request_scenario(
         PROMPT,
         OUTPUT,
         "policies=pulseinfer",
         "policy.pulseinfer.miss_rate=1.0",
+        f"policy.pulseinfer.io={io}",
         f"hardware.h2d_bandwidth_gbps={h2d_gbps}",
+        "hardware.d2h_coupling=0",
     )
-    p, hw = scn.policy.pulseinfer, scn.hardware
+    p, hw = scn.policy["pulseinfer"], scn.hardware
     layer_s, head_s, ttft, overhead = _hand_model(scn)
     L = scn.model.num_layers
     kv_layer = 2 * scn.model.num_kv_heads * scn.model.head_dim * 2
+    t0 = hw.h2d_latency_us * 1e-6
     steps = []
     for k in range(1, OUTPUT):
         ctx = PROMPT + k
         attended = p.sink_tokens + p.recent_tokens + p.budget_tokens + math.ceil(ctx / p.block_size)
         c = layer_s(attended)
         selected = min(p.budget_tokens // p.block_size, (ctx - p.sink_tokens - p.recent_tokens) // p.block_size)
-        r = hw.h2d_latency_us * 1e-6 + selected * p.block_size * kv_layer / (h2d_gbps * 1e9)
+        nbytes = selected * p.block_size * kv_layer  # SoloHead: one fragment per block, every head
+        if io == "gather_scatter":  # host gather of every fragment, then one copy (sim/link.py)
+            gather = selected * hw.host_gather_fragment_us * 1e-6 + nbytes / (hw.host_gather_gbps_per_thread * 1e9)
+            r = gather / hw.host_gather_threads + t0 + nbytes / (h2d_gbps * 1e9)
+        else:  # one copy per block
+            r = selected * t0 + nbytes / (h2d_gbps * 1e9)
         # one-layer look-ahead: recall l+1 overlaps compute l (sim/pipeline.py)
         body = r + L * c if r <= c else L * r + c
         steps.append(overhead + body + head_s)

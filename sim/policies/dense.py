@@ -5,16 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.policies.base import Policy, StepCost
-from sim.specs import Scenario
 
 
-class SglangLike(Policy):
+class DenseServing(Policy):
     """Every request keeps its whole KV cache in the device pool; the batch is capped by that pool."""
-
-    name = "sglang"
-
-    def __init__(self, scenario: Scenario) -> None:
-        super().__init__(scenario, scenario.policy.sglang)
 
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         attended = int(ctx.sum())
@@ -23,8 +17,10 @@ class SglangLike(Policy):
         return StepCost(
             compute_s=[layer_s] * self.compute.num_layers,
             recall_s=None,
+            gather_s=None,
             head_s=self.compute.decode_head_s(batch),
             recall_bytes=0,
+            num_fragments=0,
             num_transfers=0,
             attended_tokens=attended,
         )

@@ -1,0 +1,78 @@
+"""PCIe link and host-gather cost models: bytes and fragment counts → seconds.
+
+Link (one H2D DMA queue per GPU; copy engines are per direction, REFERENCE.md §3.2). One transfer of
+``s`` bytes takes::
+
+    t(s) = t0 + s / BW                       (hardware card: h2d_latency_us, h2d_bandwidth_gbps), or
+    t(s) = s / BW(s)                         with BW(s) log-interpolated in a measured size→GB/s table
+                                             (h2d_size_table; sizes outside the table take the nearest
+                                             point's rate)
+
+``per_fragment`` I/O pays this per fragment (N·t0 + bytes/BW for N equal fragments); ``gather_scatter``
+pays it once for the coalesced transfer. REFERENCE.md §3.3: 8 KiB fragments reach ~6 GB/s on a link
+whose large copies run at 25–55 GB/s, i.e. t0 ≈ 1.2 µs.
+
+Host gather (gather_scatter only): the CPU copies each fragment from the host pool into the pinned
+staging buffer before the H2D copy, ``threads`` threads in parallel::
+
+    g(N, bytes) = (N · fragment_cost + bytes / per_thread_rate) / threads
+
+D2H coupling: while offload writes (D2H) keep their copy engine busy for a fraction f of a step, H2D
+transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured, REFERENCE.md §3.2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.specs import HardwareSpec
+
+
+class LinkModel:
+    """H2D transfer times for one GPU.
+
+    Args:
+        hardware: the card (bandwidth, per-transfer latency, optional size table, gather parameters).
+    """
+
+    def __init__(self, hardware: HardwareSpec) -> None:
+        self.bps = hardware.h2d_bandwidth_gbps * 1e9
+        self.t0_s = hardware.h2d_latency_us * 1e-6
+        table = hardware.h2d_size_table
+        self.log_sizes = np.log([size for size, _ in table]) if table else None
+        self.table_bps = np.array([gbps * 1e9 for _, gbps in table]) if table else None
+        self.gather_threads = hardware.host_gather_threads
+        self.gather_bps = hardware.host_gather_gbps_per_thread * 1e9
+        self.gather_fragment_s = hardware.host_gather_fragment_us * 1e-6
+        self.d2h_bps = hardware.d2h_bandwidth_gbps * 1e9
+        self.d2h_coupling = hardware.d2h_coupling
+
+    def transfer_s(self, size_bytes: float) -> float:
+        """Seconds for one transfer of ``size_bytes`` (0 for an empty one)."""
+        if size_bytes <= 0:
+            return 0.0
+        if self.log_sizes is None:
+            return self.t0_s + size_bytes / self.bps
+        bps = float(np.interp(np.log(size_bytes), self.log_sizes, self.table_bps))
+        return size_bytes / bps
+
+    def fragments_s(self, num_fragments: float, fragment_bytes: float) -> float:
+        """Seconds for ``num_fragments`` separate copies of ``fragment_bytes`` each (per_fragment I/O)."""
+        return num_fragments * self.transfer_s(fragment_bytes) if num_fragments > 0 else 0.0
+
+    def gather_s(self, num_fragments: float, nbytes: float) -> float:
+        """Host seconds to gather ``num_fragments`` fragments totalling ``nbytes`` into the staging buffer."""
+        if num_fragments <= 0:
+            return 0.0
+        return (num_fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads
+
+    def d2h_slowdown(self, d2h_bytes: float, step_s: float) -> float:
+        """Factor (≥ 1) stretching H2D times in a step of ``step_s`` whose offload writes move ``d2h_bytes``."""
+        if d2h_bytes <= 0 or self.d2h_coupling == 0 or step_s <= 0:
+            return 1.0
+        busy = min(1.0, d2h_bytes / self.d2h_bps / step_s)
+        return 1.0 / (1.0 - self.d2h_coupling * busy)
+
+    def achieved_gbps(self, nbytes: float, seconds: float) -> float:
+        """Bytes over seconds in GB/s (1e9 B/s); 0 when nothing moved."""
+        return nbytes / seconds / 1e9 if seconds > 0 else 0.0
