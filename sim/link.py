@@ -66,6 +66,37 @@ class LinkModel:
             return 0.0
         return (num_fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads
 
+    def layer_times(
+        self, nbytes: np.ndarray, fragments: np.ndarray, mode: str, chunk_bytes: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised (gather seconds, link seconds) for arrays of per-layer recalls (float arrays, same shape).
+
+        ``mode``: ``per_fragment`` (equal fragments, one copy each), ``gather_scatter`` (gather, then one
+        copy) or ``streamed`` (gather and copy pipelined in chunks of ``chunk_bytes``).
+        """
+        nbytes = np.asarray(nbytes, dtype=float)
+        fragments = np.asarray(fragments, dtype=float)
+        some = nbytes > 0
+        zero = np.zeros_like(nbytes)
+        if mode == "per_fragment":
+            size = np.where(some, nbytes / np.maximum(fragments, 1), 1.0)
+            return zero, np.where(some, fragments * self._one_copy(size), 0.0)
+        gather = np.where(
+            some, (fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads, 0
+        )
+        copy = np.where(some, self._one_copy(np.where(some, nbytes, 1.0)), 0.0)
+        if mode == "gather_scatter":
+            return gather, copy
+        t0 = 0.0 if self.log_sizes is not None else self.t0_s
+        body = np.maximum(copy - t0, 0.0)
+        first = np.minimum(1.0, chunk_bytes / np.where(some, nbytes, 1.0))
+        return zero, np.where(some, t0 + np.maximum(gather, body) + first * np.minimum(gather, body), 0.0)
+
+    def _one_copy(self, size: np.ndarray) -> np.ndarray:
+        if self.log_sizes is None:
+            return self.t0_s + size / self.bps
+        return size / np.interp(np.log(size), self.log_sizes, self.table_bps)
+
     def d2h_slowdown(self, d2h_bytes: float, step_s: float) -> float:
         """Factor (≥ 1) stretching H2D times in a step of ``step_s`` whose offload writes move ``d2h_bytes``."""
         if d2h_bytes <= 0 or self.d2h_coupling == 0 or step_s <= 0:

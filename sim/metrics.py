@@ -41,6 +41,7 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
 LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
+TIMELINE_COLUMNS = ["step_id", "layer", "group", "kind", "start_s", "end_s", "preempted"]
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Recorder:
     layer_fragments: np.ndarray = None
     layer_stall_s: np.ndarray = None  # float [num_layers]
     binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)
+    timeline: list[tuple] = field(default_factory=list)  # one decode step's intervals
 
     def __post_init__(self) -> None:
         self.layer_bytes = np.zeros(self.num_layers, dtype=np.int64)
@@ -79,6 +81,15 @@ class Recorder:
             self.binned_bytes[key] = nbytes.copy()
         else:
             acc += nbytes
+
+    def set_timeline(self, step_id: int, groups: int, intervals: list[tuple]) -> None:
+        """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""
+        self.timeline = [(step_id, item // groups, item % groups, kind, a, b, p) for kind, item, a, b, p in intervals]
+
+
+def timeline_table(rec: Recorder) -> pd.DataFrame:
+    """The chosen step's compute, gather and transfer intervals, one row each (for a Gantt chart)."""
+    return pd.DataFrame(rec.timeline, columns=TIMELINE_COLUMNS)
 
 
 def layers_table(rec: Recorder) -> pd.DataFrame:

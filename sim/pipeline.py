@@ -42,6 +42,7 @@ def run_closed_form(
     recall_s: Sequence[float],
     link_free_s: float,
     gather_s: Sequence[float] | None = None,
+    intervals: list[tuple] | None = None,
 ) -> StepTiming:
     """Layer pipeline by recurrence.
 
@@ -51,6 +52,8 @@ def run_closed_form(
         recall_s: per-layer link time, length num_layers; 0 means nothing to recall.
         link_free_s: when the H2D link finishes work queued before this step.
         gather_s: per-layer host gather time before each copy (gather-scatter), or None.
+        intervals: if a list, receives ``(kind, layer, start_s, end_s, preempted)`` tuples for the
+            timeline (kind ``compute``, ``gather`` or ``transfer``; never pre-empted here).
 
     Returns:
         The step's :class:`StepTiming`.
@@ -68,16 +71,22 @@ def run_closed_form(
             if g > 0.0:
                 host_free = (issue if issue > host_free else host_free) + g
                 start = host_free
+                if intervals is not None:
+                    intervals.append(("gather", layer, host_free - g, host_free, False))
             if link_free > start:
                 start = link_free
             link_free = start + r
             busy += r
+            if intervals is not None:
+                intervals.append(("transfer", layer, start, link_free, False))
             if link_free > ready:
                 stalls[layer] = link_free - ready
                 stall += stalls[layer]
                 ready = link_free
         issue = ready  # the next layer's recall is issued when this layer's compute starts
         gpu_free = ready + c
+        if intervals is not None:
+            intervals.append(("compute", layer, ready, gpu_free, False))
     return StepTiming(gpu_free, stall, busy, link_free, stalls)
 
 

@@ -44,13 +44,11 @@ from sim.specs import ModelSpec, OffloadPolicy, RecallStatsSpec
 
 @dataclass(slots=True)
 class LayerRecall:
-    """Recall of one decode step, per layer (lists of length num_layers)."""
+    """What one decode step recalls, per micro-batch group and layer (arrays [num_groups, num_layers])."""
 
-    gather_s: list[float]  # host gather time (gather_scatter only)
-    link_s: list[float]  # H2D time
-    nbytes: np.ndarray  # int64 [num_layers]
-    fragments: np.ndarray  # int64 [num_layers]
-    num_transfers: int  # H2D copies of the whole step
+    nbytes: np.ndarray  # int64 [G, L]
+    fragments: np.ndarray  # int64 [G, L]
+    contiguous_s: np.ndarray | None  # float [G]: selection "all", per_fragment: Σ per-request copy time per layer
 
 
 def kumaraswamy_b(mean: float, a: float) -> float:
@@ -119,31 +117,48 @@ class RecallModel:
         q[cold] = 1.0
         return q
 
-    def step(self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> LayerRecall:
-        """Recall of one step for offloaded requests with ``ctx`` KV tokens (int64 [n]) and cold flags (bool [n])."""
-        selected = self.selected_blocks(ctx)
-        L = self.num_layers
-        if self.selection == "all":
-            layer_blocks = int(selected.sum())
-            sizes = selected[selected > 0] * self.block_bytes_layer
-            fragments = np.full(L, len(sizes), dtype=np.int64)
-            nbytes = np.full(L, layer_blocks * self.block_bytes_layer, dtype=np.int64)
-            if self.io == "per_fragment":
-                per_layer = float(sum(self.link.transfer_s(s) for s in sizes.tolist()))
-                return LayerRecall([0.0] * L, [per_layer] * L, nbytes, fragments, int(fragments.sum()))
-            return self._coalesced(nbytes, fragments)
-        q = self.miss_fraction(selected, cold, rng)
-        head_blocks = (selected * self.heads)[:, None]
-        missing = np.floor(head_blocks * q + rng.random(q.shape)).astype(np.int64)
-        fragments = missing.sum(axis=0)
-        nbytes = fragments * self.fragment_bytes
-        if self.io == "per_fragment":
-            link_s = [self.link.fragments_s(f, self.fragment_bytes) for f in fragments.tolist()]
-            return LayerRecall([0.0] * L, link_s, nbytes, fragments, int(fragments.sum()))
-        return self._coalesced(nbytes, fragments)
+    def step(
+        self,
+        ctx: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        groups: np.ndarray | None = None,
+        num_groups: int = 1,
+    ) -> LayerRecall:
+        """Recall of one step for offloaded requests.
 
-    def _coalesced(self, nbytes: np.ndarray, fragments: np.ndarray) -> LayerRecall:
-        """Gather-scatter: host gather of every fragment, then one H2D copy per layer."""
-        gather = [self.link.gather_s(f, b) for f, b in zip(fragments.tolist(), nbytes.tolist())]
-        link_s = [self.link.transfer_s(b) for b in nbytes.tolist()]
-        return LayerRecall(gather, link_s, nbytes, fragments, int(np.count_nonzero(nbytes)))
+        Args:
+            ctx: int64 [n], KV tokens of each offloaded request.
+            cold: bool [n], recall buffer empty (first step after admission).
+            rng: the simulation's seeded generator.
+            groups: int [n] micro-batch group of each request (None: all in group 0).
+            num_groups: G.
+        """
+        selected = self.selected_blocks(ctx)
+        L, G = self.num_layers, num_groups
+        gid = np.zeros(len(ctx), dtype=np.int64) if groups is None else groups
+        if self.selection == "all":
+            per_group = np.bincount(gid, weights=selected, minlength=G).astype(np.int64)
+            nbytes = np.repeat((per_group * self.block_bytes_layer)[:, None], L, axis=1)
+            frags = np.repeat(np.bincount(gid[selected > 0], minlength=G)[:, None], L, axis=1).astype(np.int64)
+            copy_s = np.array([self.link.transfer_s(b) for b in (selected * self.block_bytes_layer).tolist()])
+            contiguous = np.bincount(gid, weights=copy_s, minlength=G)
+            return LayerRecall(nbytes, frags, contiguous)
+        q = self.miss_fraction(selected, cold, rng)
+        missing = np.floor((selected * self.heads)[:, None] * q + rng.random(q.shape)).astype(np.int64)
+        if G == 1:
+            frags = missing.sum(axis=0)[None, :]
+        else:
+            frags = np.zeros((G, L), dtype=np.int64)
+            np.add.at(frags, gid, missing)
+        return LayerRecall(frags * self.fragment_bytes, frags, None)
+
+    def expected_layer_fragments(self, cold: bool) -> float:
+        """Expected fragments one offloaded request at the full budget recalls per layer (admission's estimate)."""
+        k = self.budget_blocks * self.heads
+        if cold or self.selection == "all":
+            return float(k)
+        if self.miss_rate is not None:
+            return k * self.miss_rate
+        hit = np.clip((self.buffer_blocks - self.budget_blocks) / (self.budget_blocks * self.working_growth), 0, 1)
+        return float(k * np.mean(self.change_mean * (1.0 - self.returning * hit)))

@@ -24,13 +24,20 @@ from sim.metrics import (
     requests_table,
     steps_table,
     summarize,
+    timeline_table,
 )
 from sim.policies import make_policy
 from sim.scheduler import Replica, Request
 from sim.specs import Scenario
 
 BASELINE = "sglang"
-TABLES = {"requests": "requests", "steps": "steps", "layers": "layers", "layer_recall": "layer_recall"}
+TABLES = {
+    "requests": "requests",
+    "steps": "steps",
+    "layers": "layers",
+    "layer_recall": "layer_recall",
+    "timeline": "timeline",
+}
 RATIO_COLUMNS = {
     "decode_tokens_per_s": "throughput_vs_sglang",
     "goodput_requests_per_s": "goodput_vs_sglang",
@@ -48,6 +55,7 @@ class PolicyResult:
     summary: dict
     layers: pd.DataFrame  # per layer totals: recall bytes, fragments, stall
     layer_recall: pd.DataFrame  # recall bytes per (time bin, layer)
+    timeline: pd.DataFrame  # intervals of one decode step that recalls
 
 
 @dataclass
@@ -148,7 +156,7 @@ def simulate_policy(
     summary = summarize(
         policy_name, requests, steps, rec, scenario.slo, replica.fixed_hbm_bytes, replica.block_bytes, end_s
     )
-    return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec))
+    return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec))
 
 
 def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> simpy.Event:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from sim.interrupt import run_interruptible
 from sim.kv import Pool, device_pool_blocks
 from sim.metrics import Recorder
 from sim.pipeline import run_closed_form, run_events
@@ -44,6 +45,7 @@ from sim.policies.base import Policy, StepCost
 from sim.specs import Scenario
 
 NAN = math.nan
+BYPASS_SCAN = 32  # queued requests scanned past an offloaded head that the I/O admission holds back
 
 
 @dataclass(slots=True)
@@ -159,6 +161,9 @@ class Replica:
         self.wake: simpy.Event = env.event()
         self.step_id = 0
         self.num_done = 0  # finished or rejected
+        self.last_attended = 0  # KV tokens read per layer by the last decode step (admission estimate)
+        self.policy_sparse_tokens = getattr(policy, "sparse_tokens", 0)
+        self.recall_steps = 0  # decode steps that recalled (the timeline records one of them)
         self.disaggregated = scenario.serving.prefill == "disaggregated"
         self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
 
@@ -225,12 +230,16 @@ class Replica:
             return admitted
         reserved = self._reserved_blocks()
         running = len(self.batch)
-        while self.waiting and running < self.policy.params.max_running_requests:
-            req = self.waiting[0]
+        pos = 0
+        while pos < len(self.waiting) and running < self.policy.params.max_running_requests:
+            req = self.waiting[pos]
             verdict = self._admit(req, reserved, cached=req.prompt_tokens + req.generated - 1)
-            if verdict == "wait":
+            if verdict == "wait_io" and pos < BYPASS_SCAN:
+                pos += 1  # the link is full, not the pool: let dense requests behind it in
+                continue
+            if verdict in ("wait", "wait_io"):
                 break
-            self.waiting.popleft()
+            del self.waiting[pos]
             if verdict != "ok":
                 self._reject(req, verdict)
                 continue
@@ -257,12 +266,16 @@ class Replica:
             return chunks
         reserved = self._reserved_blocks()
         running = len(self.batch) + len(chunks)
-        while self.waiting and budget > 0 and running < p.max_running_requests:
-            req = self.waiting[0]
+        pos = 0
+        while pos < len(self.waiting) and budget > 0 and running < p.max_running_requests:
+            req = self.waiting[pos]
             verdict = self._admit(req, reserved)
-            if verdict == "wait":
+            if verdict == "wait_io" and pos < BYPASS_SCAN:
+                pos += 1  # the link is full, not the pool: let dense requests behind it in
+                continue
+            if verdict in ("wait", "wait_io"):
                 break
-            self.waiting.popleft()
+            del self.waiting[pos]
             if verdict != "ok":
                 self._reject(req, verdict)
                 continue
@@ -278,8 +291,7 @@ class Replica:
 
     def _future_blocks(self, req: Request) -> float:
         future = min(req.output_tokens - req.generated, self.policy.params.clip_max_new_tokens)
-        grow = self.policy.growth_blocks(np.array([future]), np.array([req.offloaded]))
-        return float(grow[0]) * self.new_token_ratio
+        return self.policy.growth_one(future, req.offloaded) * self.new_token_ratio
 
     def _reserved_blocks(self) -> float:
         b = self.batch
@@ -299,13 +311,21 @@ class Replica:
             return "exceeds_max_seq_len"
         offloaded = self.policy.wants_offload(req.prompt_tokens)
         target = req.prompt_tokens + req.generated if cached is None else cached
-        need = int(self.policy.device_blocks(np.array([target]), np.array([offloaded]))[0])
-        worst = int(self.policy.device_blocks(np.array([total_tokens]), np.array([offloaded]))[0])
+        need = self.policy.blocks_one(target, offloaded)
+        worst = self.policy.blocks_one(total_tokens, offloaded)
         if worst > self.device.capacity:
             return "exceeds_kv_pool"
         host_need = total_tokens * self.kv_bytes_per_token if offloaded else 0
         if host_need > self.host.capacity:
             return "exceeds_host_dram"
+        adm = self.policy.admission
+        if offloaded and adm is not None:
+            # IO-adaptive: a long request runs dense while the pool keeps dense_headroom_frac free after it.
+            dense_worst = self.policy.blocks_one(total_tokens, False)
+            headroom = self.policy.params.dense_headroom_frac * self.device.capacity
+            if dense_worst + headroom <= self.device.free - reserved:
+                offloaded, host_need = False, 0
+                need = self.policy.blocks_one(target, False)
         req.offloaded = offloaded
         if offloaded and (
             self.num_offloaded >= self.policy.params.max_offloaded_requests or host_need > self.host.free
@@ -313,6 +333,8 @@ class Replica:
             return "wait"
         if need + self._future_blocks(req) > self.device.free - reserved:
             return "wait"
+        if offloaded and adm is not None and not self._io_allows(adm):
+            return "wait_io"
         self.device.allocate(need)
         if offloaded:
             self.host.allocate(host_need)
@@ -320,6 +342,17 @@ class Replica:
         req.device_blocks, req.host_bytes = need, host_need
         req.prefill_target, req.prefilled = target, 0
         return "ok"
+
+    def _io_allows(self, adm) -> bool:
+        """IO-adaptive admission: predicted recall of the next step within φ × predicted layer compute."""
+        b = self.batch
+        in_batch = int(b.offloaded.sum())
+        cold = int((b.offloaded & b.cold).sum()) + (self.num_offloaded - in_batch)
+        warm = in_batch - int((b.offloaded & b.cold).sum())
+        joining = self.num_offloaded - in_batch + 1
+        attended = self.last_attended + joining * self.policy_sparse_tokens
+        layer_s = self.policy.compute.decode_layer_s(len(b) + joining, attended)
+        return adm.allows(warm, cold, layer_s)
 
     def _prefill(self, chunks: list[tuple[Request, int]]) -> Generator[simpy.Event, object, None]:
         start = self.env.now
@@ -358,22 +391,40 @@ class Replica:
         cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng)
         overhead = pol.compute.step_overhead_s
         stall = busy = 0.0
-        layer_stall = None
-        if cost.recall_s is None:
+        if cost.recall_s is None and cost.interrupt is None:
             yield env.timeout(overhead + sum(cost.compute_s) + cost.head_s)
-        elif self.layer_events:
-            yield env.timeout(overhead)
-            timing = yield env.process(
-                run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s, self.host_gather, cost.gather_s)
-            )
-            yield env.timeout(cost.head_s)
         else:
-            timing = run_closed_form(start + overhead, cost.compute_s, cost.recall_s, self.link_free_s, cost.gather_s)
-            self.link_free_s = timing.link_free_s
-            yield env.timeout(timing.end_s + cost.head_s - start)
-        if cost.recall_s is not None:
-            stall, busy, layer_stall = timing.stall_s, timing.link_busy_s, timing.layer_stall_s
+            self.recall_steps += 1
+            record = self.recall_steps in (1, self.scenario.run.timeline_step)
+            intervals: list[tuple] | None = [] if record else None
+            if cost.interrupt is not None:
+                plan = cost.interrupt
+                timing = run_interruptible(
+                    start + overhead, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
+                    plan.chunk_bytes, self.link_free_s, intervals,
+                )  # fmt: skip
+                self.link_free_s = timing.link_free_s
+                yield env.timeout(timing.end_s + cost.head_s - start)
+            elif self.layer_events:
+                yield env.timeout(overhead)
+                timing = yield env.process(
+                    run_events(env, self.link, self.gpu, cost.compute_s, cost.recall_s, self.host_gather, cost.gather_s)
+                )
+                yield env.timeout(cost.head_s)
+            else:
+                timing = run_closed_form(
+                    start + overhead, cost.compute_s, cost.recall_s, self.link_free_s, cost.gather_s, intervals
+                )
+                self.link_free_s = timing.link_free_s
+                yield env.timeout(timing.end_s + cost.head_s - start)
+            stall, busy = timing.stall_s, timing.link_busy_s
+            groups = len(timing.layer_stall_s) // len(cost.layer_bytes)
+            layer_stall = np.asarray(timing.layer_stall_s).reshape(-1, groups).sum(axis=1)
             self.rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall)
+            if intervals is not None:
+                self.rec.set_timeline(self.step_id, groups, intervals)
+        pol.observe(env.now - start, stall, busy)
+        self.last_attended = cost.attended_tokens
         b.ctx = ctx
         b.generated += 1
         b.cold[:] = False

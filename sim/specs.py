@@ -253,9 +253,26 @@ class OffloadPolicy(DensePolicy):
     offload_threshold_tokens: PositiveInt = 8192
     max_offloaded_requests: PositiveInt = 256
     miss_rate: Annotated[float, Field(ge=0, le=1)] | None = None  # fixed miss rate instead of recall_stats
+    # Mechanism 3, interruptible layer-wise scheduling (sim/interrupt.py); "sequential" = one-layer
+    # prefetch, whole-layer FIFO copies (the baseline).
+    scheduling: Literal["sequential", "interruptible"] = "sequential"
+    lookahead_layers: PositiveInt = 1  # recalls issued this many layers ahead
+    # Model assumption: a selection d layers ahead is wrong on late_correction_frac × (d − 1) of its
+    # blocks (capped at 1); those are fetched as an urgent correction when the layer is about to run.
+    late_correction_frac: Annotated[float, Field(ge=0, le=1)] = 0.05
+    chunk_bytes: PositiveInt = 4 * 2**20  # pre-emption granularity of the link
+    micro_batches: PositiveInt = 1  # batch split into groups interleaved layer by layer
+    # Mechanism 4, IO-adaptive offloading admission (sim/admission.py); "static" = memory only.
+    admission: Literal["static", "io_adaptive"] = "static"
+    admission_slack: Annotated[float, Field(ge=-0.75, le=2.0)] = 0.1  # initial: recall ≤ compute × (1 + slack)
+    stall_target_frac: Annotated[float, Field(gt=0, lt=1)] = 0.05  # AIMD: shrink when a step stalls more
+    dense_headroom_frac: Annotated[float, Field(ge=0, le=1)] = 0.25  # run long requests dense while this
+    # fraction of the KV pool would stay free after them (io_adaptive only)
 
     @model_validator(mode="after")
     def _check_blocks(self) -> OffloadPolicy:
+        if self.micro_batches > 1 and self.scheduling != "interruptible":
+            raise ValueError("micro_batches > 1 needs scheduling: interruptible")
         if self.selection == "all":
             return self
         if self.budget_tokens < self.block_size:
@@ -328,6 +345,7 @@ class RunSpec(_Spec):
     horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
     debug_checks: bool = False  # expensive invariant sweeps every step (tests turn it on)
     layer_bin_s: PositiveFloat = 10.0  # time bin of layer_recall.csv (the layer × time heatmap)
+    timeline_step: PositiveInt = 200  # timeline.csv shows the N-th decode step that recalls (else the first)
     progress: bool = True
 
 

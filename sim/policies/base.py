@@ -11,6 +11,16 @@ from sim.specs import DensePolicy, Scenario
 
 
 @dataclass(slots=True)
+class InterruptPlan:
+    """Recall jobs of an interruptibly scheduled step, per GPU work item (sim/interrupt.py)."""
+
+    prefetch: list[tuple[float, float]]  # (bytes, link seconds) per item
+    correction: list[tuple[float, float]]  # urgent part, per item
+    lookahead_items: int
+    chunk_bytes: int
+
+
+@dataclass(slots=True)
 class StepCost:
     """What one decode step costs, before the layer pipeline turns it into time."""
 
@@ -24,6 +34,7 @@ class StepCost:
     attended_tokens: int  # KV tokens read per layer, summed over the batch
     layer_bytes: np.ndarray | None = None  # int64 [num_layers] recall bytes per layer
     layer_fragments: np.ndarray | None = None  # int64 [num_layers]
+    interrupt: InterruptPlan | None = None  # set when the step is scheduled interruptibly
 
 
 class Policy:
@@ -48,10 +59,23 @@ class Policy:
         """Device-pool blocks held by each request with ``ctx`` KV tokens (int64 [n])."""
         return -(-ctx // self.block_size)
 
+    def blocks_one(self, ctx: int, offloaded: bool) -> int:
+        """:meth:`device_blocks` for one request, in plain Python (admission checks run it often)."""
+        return int(self.device_blocks(np.array([ctx]), np.array([offloaded]))[0])
+
+    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
+        """:meth:`growth_blocks` for one request."""
+        return int(self.growth_blocks(np.array([future_tokens]), np.array([offloaded]))[0])
+
     def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
         return -(-future_tokens // self.block_size)
 
+    admission = None  # an IoAdmission for io_adaptive offload policies
+
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
         raise NotImplementedError
+
+    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
+        """Feedback after each decode step (adaptive admission); no-op by default."""

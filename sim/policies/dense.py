@@ -10,6 +10,12 @@ from sim.policies.base import Policy, StepCost
 class DenseServing(Policy):
     """Every request keeps its whole KV cache in the device pool; the batch is capped by that pool."""
 
+    def blocks_one(self, ctx: int, offloaded: bool) -> int:
+        return -(-ctx // self.block_size)
+
+    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
+        return -(-future_tokens // self.block_size)
+
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         attended = int(ctx.sum())
         batch = len(ctx)

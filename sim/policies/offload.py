@@ -13,14 +13,19 @@ Everything else lives in host DRAM. Attention reads the sink, the recent window 
 Offload writes (D2H): each step the new token's KV of every offloaded request is backed up to host
 (eager backup, as SGLang HiSparse does, REFERENCE.md §5.4); its D2H time slows H2D by the hardware's
 ``d2h_coupling``.
+
+Link cost of one layer's recall by I/O mode: ``per_fragment`` — one copy per fragment;
+``gather_scatter`` with sequential scheduling — host gather, then one copy; with interruptible
+scheduling — gather and copy stream in chunks (sim/link.py ``streamed_s``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from sim.admission import IoAdmission
 from sim.link import LinkModel
-from sim.policies.base import Policy, StepCost
+from sim.policies.base import InterruptPlan, Policy, StepCost
 from sim.recall import RecallModel
 from sim.specs import OffloadPolicy, Scenario
 
@@ -41,6 +46,19 @@ class OffloadServing(Policy):
         self.sparse_tokens = params.sink_tokens + params.recent_tokens + params.budget_tokens
         self.num_layers = scenario.model.num_layers
         self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
+        self.interruptible = params.scheduling == "interruptible"
+        self.groups = params.micro_batches
+        self.correction_frac = min(1.0, params.late_correction_frac * (params.lookahead_layers - 1))
+        self.admission = None
+        if params.admission == "io_adaptive":
+            fb = self.recall.fragment_bytes
+            warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
+            self.admission = IoAdmission(
+                params.admission_slack,
+                params.stall_target_frac,
+                self.layer_link_s(warm * fb, warm)[1],
+                self.layer_link_s(cold * fb, cold)[1],
+            )
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens
@@ -51,31 +69,89 @@ class OffloadServing(Policy):
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)  # staging or summaries
         return np.where(offloaded, np.minimum(dense, self.resident_blocks + extra), dense)
 
+    def blocks_one(self, ctx: int, offloaded: bool) -> int:
+        dense = -(-ctx // self.block_size)
+        if not offloaded:
+            return dense
+        extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
+        return min(dense, self.resident_blocks + extra)
+
+    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
+        dense = -(-future_tokens // self.block_size)
+        if not offloaded:
+            return dense
+        return -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
+
     def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         dense = -(-future_tokens // self.block_size)
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
         return np.where(offloaded, extra, dense)
 
+    def layer_link_s(self, nbytes: float, fragments: float) -> tuple[float, float]:
+        """(host gather seconds, link seconds) of one layer's recall under this policy's I/O mode."""
+        mode = (
+            "per_fragment"
+            if self.params.io == "per_fragment"
+            else ("streamed" if self.interruptible else "gather_scatter")
+        )
+        gather, link = self.link.layer_times(np.array([nbytes]), np.array([fragments]), mode, self.params.chunk_bytes)
+        return float(gather[0]), float(link[0])
+
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
-        batch = len(ctx)
+        batch, L, G = len(ctx), self.num_layers, self.groups
         if self.full:
             attended_each = ctx
         else:
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + -(-ctx // self.block_size), ctx)
         attended = int(attended_each.sum())
         layer_s = self.compute.decode_layer_s(batch, attended)
-        cost = StepCost([layer_s] * self.num_layers, None, None, self.compute.decode_head_s(batch), 0, 0, 0, attended)
+        cost = StepCost([layer_s] * L, None, None, self.compute.decode_head_s(batch), 0, 0, 0, attended)
         n_off = int(offloaded.sum())
-        if not n_off:
+        if not n_off and G == 1:
             return cost
-        rec = self.recall.step(ctx[offloaded], cold[offloaded], rng)
-        if not rec.nbytes.any():
+        groups = np.arange(batch) % G
+        if G > 1:  # micro-batches: each group runs every layer on its own (re-reading the weights)
+            sizes = np.bincount(groups, minlength=G)
+            att = np.bincount(groups, weights=attended_each, minlength=G)
+            cost.compute_s = [self.compute.decode_layer_s(int(b), int(a)) for b, a in zip(sizes, att)] * L
+        rec = self.recall.step(ctx[offloaded], cold[offloaded], rng, groups[offloaded], G) if n_off else None
+        if rec is None or not rec.nbytes.any():
             return cost
-        slow = self.link.d2h_slowdown(n_off * self.kv_bytes_per_token, layer_s * self.num_layers)
-        cost.recall_s = [t * slow for t in rec.link_s] if slow != 1.0 else rec.link_s
-        cost.gather_s = rec.gather_s if self.params.io == "gather_scatter" else None
+        slow = self.link.d2h_slowdown(n_off * self.kv_bytes_per_token, sum(cost.compute_s))
+        gather, link = self._link_times(rec)  # float [G, L]
+        link *= slow
         cost.recall_bytes = int(rec.nbytes.sum())
         cost.num_fragments = int(rec.fragments.sum())
-        cost.num_transfers = rec.num_transfers
-        cost.layer_bytes, cost.layer_fragments = rec.nbytes, rec.fragments
+        cost.layer_bytes, cost.layer_fragments = rec.nbytes.sum(axis=0), rec.fragments.sum(axis=0)
+        if self.params.io == "per_fragment":
+            cost.num_transfers = cost.num_fragments
+        else:
+            cost.num_transfers = int(np.count_nonzero(rec.nbytes))
+        if not self.interruptible:
+            cost.recall_s = link[0].tolist()
+            cost.gather_s = gather[0].tolist() if self.params.io == "gather_scatter" else None
+            return cost
+        # items in GPU order (layer-major, group-minor), split into prefetch and urgent correction
+        f = self.correction_frac
+        item_bytes, item_s = rec.nbytes.T.ravel().astype(float), link.T.ravel()
+        prefetch = list(zip(((1 - f) * item_bytes).tolist(), ((1 - f) * item_s).tolist()))
+        correction = list(zip((f * item_bytes).tolist(), (f * item_s).tolist()))
+        lookahead = self.params.lookahead_layers * self.groups
+        cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
+
+    def _link_times(self, rec) -> tuple[np.ndarray, np.ndarray]:
+        """(gather, link) seconds, float [G, L], under this policy's I/O mode."""
+        if rec.contiguous_s is not None and self.params.io == "per_fragment":
+            link = np.where(rec.nbytes > 0, rec.contiguous_s[:, None], 0.0)
+            return np.zeros_like(link), link
+        mode = (
+            "per_fragment"
+            if self.params.io == "per_fragment"
+            else ("streamed" if self.interruptible else "gather_scatter")
+        )
+        return self.link.layer_times(rec.nbytes, rec.fragments, mode, self.params.chunk_bytes)
+
+    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
+        if self.admission is not None:
+            self.admission.observe(step_s, stall_s, link_busy_s)

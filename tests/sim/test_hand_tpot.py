@@ -59,6 +59,8 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
         "policies=pulseinfer",
         "policy.pulseinfer.miss_rate=1.0",
         f"policy.pulseinfer.io={io}",
+        "policy.pulseinfer.scheduling=sequential",  # the one-layer look-ahead pipeline, by hand
+        "policy.pulseinfer.admission=static",
         f"hardware.h2d_bandwidth_gbps={h2d_gbps}",
         "hardware.d2h_coupling=0",
     )
@@ -90,14 +92,14 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
 
 def test_link_bound_regime_is_really_link_bound(one_request_scenario):
     """Guards the parametrisation above: at 5 GB/s a layer's recall outlasts its compute."""
-    full = ("policies=pulseinfer", "policy.pulseinfer.miss_rate=1.0")
+    full = ("policies=pulseinfer", "policy.pulseinfer.miss_rate=1.0", "policy.pulseinfer.admission=static")
     fast = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=55"))
     slow = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=5"))
     assert slow["pulseinfer"].tpot_s > 2 * fast["pulseinfer"].tpot_s
 
 
 def test_short_prompt_stays_dense_under_pulseinfer(one_request_scenario):
-    scn = one_request_scenario(4000, 20, "policies=sglang,pulseinfer")
+    scn = one_request_scenario(4000, 20, "policies=sglang,pulseinfer", "policy.pulseinfer.micro_batches=1")
     rows = _run(scn)
     assert not bool(rows["pulseinfer"].offloaded)
     assert rows["pulseinfer"].tpot_s == pytest.approx(rows["sglang"].tpot_s, rel=1e-12)
