@@ -14,7 +14,7 @@ import argparse
 import importlib
 
 EXIT_BAD_INPUT = 2
-COMMANDS = ["simulate"]  # module names under pulseinfer.commands, in help order
+COMMANDS = ["simulate", "plot"]  # module names under pulseinfer.commands, in help order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,9 +20,8 @@ def main() -> None:
     rows = []
     for serving, scales in SWEEP:
         for ts in scales:
-            sc = load_scenario(
-                "default", [f"serving.prefill={serving}", f"workload.time_scale={ts}", "run.progress=false"]
-            )
+            overrides = [f"serving.prefill={serving}", f"workload.time_scale={ts}", "policies=sglang,pulseinfer"]
+            sc = load_scenario("default", [*overrides, "run.progress=false"])
             t = time.perf_counter()
             s = with_ratios(simulate(sc).summary).set_index("policy")
             wall = time.perf_counter() - t

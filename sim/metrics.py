@@ -161,12 +161,14 @@ def summarize(
     fixed_hbm_bytes: int,
     block_bytes: int,
     end_s: float,
+    peak_blocks: int,
 ) -> dict:
     """One summary row (a dict with :data:`SUMMARY_COLUMNS` keys) for one policy's run.
 
     Args:
         end_s: when the run ended (last finish, or the horizon).
         fixed_hbm_bytes: weights + reserve; block_bytes: bytes of one device-pool block.
+        peak_blocks: the device pool's peak use (``Pool.peak``), in blocks.
     """
     start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
     duration = max(end_s - start_s, 1e-12)
@@ -187,8 +189,8 @@ def summarize(
         "tpot_mean_s": float(tpot.mean()) if len(tpot) else np.nan,
         "tpot_p50_s": pct(tpot, 50),
         "tpot_p99_s": pct(tpot, 99),
-        "ttft_p50_s": pct(done["ttft_s"], 50),
-        "ttft_p99_s": pct(done["ttft_s"], 99),
+        "ttft_p50_s": pct(done["ttft_s"].dropna(), 50),
+        "ttft_p99_s": pct(done["ttft_s"].dropna(), 99),
         "goodput_requests_per_s": float(meets_slo(requests, slo).sum()) / duration,
         "mean_batch": float(decode["batch_size"].mean()) if len(decode) else 0.0,
         "link_busy_frac": rec.link_busy_s / duration,

@@ -12,6 +12,7 @@ SERVICE = [
     ("unfinished", "unfin", None, "{:d}"),
     ("decode_tokens_per_s", "decode tok/s", 1.0, "{:.0f}"),
     ("throughput_vs_sglang", "x sglang", 1.0, "{:.2f}"),
+    ("throughput_vs_headwise", "x headwise", 1.0, "{:.2f}"),
     ("tpot_mean_s", "TPOT mean ms", 1e3, "{:.1f}"),
     ("tpot_p99_s", "TPOT p99 ms", 1e3, "{:.1f}"),
     ("ttft_p99_s", "TTFT p99 s", 1.0, "{:.2f}"),

@@ -31,6 +31,7 @@ from sim.scheduler import Replica, Request
 from sim.specs import Scenario
 
 BASELINE = "sglang"
+OFFLOAD_BASELINE = "headwise"  # the representative existing offloader
 TABLES = {
     "requests": "requests",
     "steps": "steps",
@@ -146,15 +147,27 @@ def simulate_policy(
     env.process(replica.arrivals())
     main = env.process(replica.run())
     horizon = scenario.run.horizon_s
-    env.run(until=main if horizon is None else min_event(env, main, horizon))
-    _collect_unfinished(replica, reqs, rec)
+    try:
+        env.run(until=main if horizon is None else min_event(env, main, horizon))
+        reason = "horizon"
+    except RuntimeError:  # SimPy: no events left before `until` — nothing can make progress any more
+        reason = "stuck"
+    _collect_unfinished(replica, reqs, rec, reason)
     requests = requests_table(rec.requests)
     steps = steps_table(rec)
     end_s = float(requests["finish_s"].max()) if horizon is None else env.now
     if np.isnan(end_s):
         end_s = env.now
     summary = summarize(
-        policy_name, requests, steps, rec, scenario.slo, replica.fixed_hbm_bytes, replica.block_bytes, end_s
+        policy_name,
+        requests,
+        steps,
+        rec,
+        scenario.slo,
+        replica.fixed_hbm_bytes,
+        replica.block_bytes,
+        end_s,
+        replica.device.peak,
     )
     return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec))
 
@@ -164,14 +177,15 @@ def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> 
     return env.any_of([main, env.timeout(horizon_s)])
 
 
-def _collect_unfinished(replica: Replica, reqs: list[Request], rec: Recorder) -> None:
-    """Requests that arrived but neither finished nor were rejected (the horizon cut them)."""
+def _collect_unfinished(replica: Replica, reqs: list[Request], rec: Recorder, reason: str) -> None:
+    """Requests that arrived but neither finished nor were rejected (the horizon cut them, or the
+    scheduler could make no more progress: ``reason``)."""
     if len(replica.batch):
         replica.batch.remove(np.ones(len(replica.batch), dtype=bool))
     recorded = {r.request_id for r in rec.requests}
     for r in reqs[: replica.arrived]:
         if r.request_id not in recorded:
-            r.unfinished_reason = "horizon"
+            r.unfinished_reason = reason
             rec.requests.append(r)
 
 
@@ -195,11 +209,15 @@ def simulate(scenario: Scenario, progress: Callable[[str, int], Callable[[Reques
 
 
 def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:
-    """Add ``*_vs_sglang`` ratio columns for throughput, goodput and TPOT when sglang was run."""
-    if BASELINE not in set(summary["policy"]):
-        return summary
-    base = summary.set_index("policy").loc[BASELINE]
+    """Add ratio columns: ``*_vs_sglang`` for throughput, goodput and TPOT when sglang was run, and
+    ``throughput_vs_headwise`` when the headwise baseline was run."""
     out = summary.copy()
-    for col, ratio in RATIO_COLUMNS.items():
-        out[ratio] = out[col] / base[col]
+    policies = set(summary["policy"])
+    if BASELINE in policies:
+        base = summary.set_index("policy").loc[BASELINE]
+        for col, ratio in RATIO_COLUMNS.items():
+            out[ratio] = out[col] / base[col]
+    if OFFLOAD_BASELINE in policies:
+        base = summary.set_index("policy").loc[OFFLOAD_BASELINE]
+        out["throughput_vs_headwise"] = out["decode_tokens_per_s"] / base["decode_tokens_per_s"]
     return out

@@ -66,6 +66,7 @@ class Request:
     finish_s: float = NAN
     num_preemptions: int = 0
     unfinished_reason: str = ""
+    holds_kv: bool = False  # admitted and holding device blocks / host bytes
 
 
 class DecodeBatch:
@@ -174,7 +175,12 @@ class Replica:
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
             self.arrived += 1
-            if self.disaggregated:
+            reason = self._never_fits(req)
+            if reason:  # reject on arrival: never occupy a prefill GPU for a request that cannot run
+                self._reject(req, reason)
+                if not self.wake.triggered:
+                    self.wake.succeed()
+            elif self.disaggregated:
                 self.env.process(self._remote_prefill(req))
             else:
                 self._enqueue(req)
@@ -214,7 +220,7 @@ class Replica:
             yield gpu
             yield self.env.timeout(self.policy.compute.prefill_s([(target, 0)], 1))
         req.generated = min(req.generated + 1, req.output_tokens)
-        if math.isnan(req.first_token_s):
+        if math.isnan(req.first_token_s) and req.output_tokens > 0:
             req.first_token_s = self.env.now
         if req.generated >= req.output_tokens:
             self._finish(req)
@@ -306,18 +312,15 @@ class Replica:
         ``cached`` is the KV tokens the request brings (disaggregated: computed remotely); by default
         the tokens its local prefill will cache (prompt + generated).
         """
+        reason = self._never_fits(req)
+        if reason:
+            return reason
         total_tokens = req.prompt_tokens + req.output_tokens
-        if total_tokens > self.scenario.model.max_seq_len:
-            return "exceeds_max_seq_len"
-        offloaded = self.policy.wants_offload(req.prompt_tokens)
+        offloaded = self._offload_possible(req)
         target = req.prompt_tokens + req.generated if cached is None else cached
         need = self.policy.blocks_one(target, offloaded)
         worst = self.policy.blocks_one(total_tokens, offloaded)
-        if worst > self.device.capacity:
-            return "exceeds_kv_pool"
         host_need = total_tokens * self.kv_bytes_per_token if offloaded else 0
-        if host_need > self.host.capacity:
-            return "exceeds_host_dram"
         adm = self.policy.admission
         if offloaded and adm is not None:
             # IO-adaptive: a long request runs dense while the pool keeps dense_headroom_frac free after it.
@@ -331,7 +334,8 @@ class Replica:
             self.num_offloaded >= self.policy.params.max_offloaded_requests or host_need > self.host.free
         ):
             return "wait"
-        if need + self._future_blocks(req) > self.device.free - reserved:
+        # The reservation rounds up per block; never ask for more than the request can ever hold.
+        if min(need + self._future_blocks(req), worst) > self.device.free - reserved:
             return "wait"
         if offloaded and adm is not None and not self._io_allows(adm):
             return "wait_io"
@@ -339,12 +343,28 @@ class Replica:
         if offloaded:
             self.host.allocate(host_need)
             self.num_offloaded += 1
-        req.device_blocks, req.host_bytes = need, host_need
+        req.device_blocks, req.host_bytes, req.holds_kv = need, host_need, True
         req.prefill_target, req.prefilled = target, 0
         return "ok"
 
+    def _offload_possible(self, req: Request) -> bool:
+        """The policy wants it offloaded and the host can hold its KV (else it runs dense)."""
+        total = req.prompt_tokens + req.output_tokens
+        return self.policy.wants_offload(req.prompt_tokens) and total * self.kv_bytes_per_token <= self.host.capacity
+
+    def _never_fits(self, req: Request) -> str:
+        """Why the request can never be served on this replica ('' if it can); checked on arrival too."""
+        total = req.prompt_tokens + req.output_tokens
+        if total > self.scenario.model.max_seq_len:
+            return "exceeds_max_seq_len"
+        if self.policy.blocks_one(total, self._offload_possible(req)) > self.device.capacity:
+            return "exceeds_kv_pool"
+        return ""
+
     def _io_allows(self, adm) -> bool:
         """IO-adaptive admission: predicted recall of the next step within φ × predicted layer compute."""
+        if self.num_offloaded == 0:
+            return True  # always let one in: with nothing offloaded there is no recall to protect
         b = self.batch
         in_batch = int(b.offloaded.sum())
         cold = int((b.offloaded & b.cold).sum()) + (self.num_offloaded - in_batch)
@@ -370,7 +390,7 @@ class Replica:
         joining = []
         for r in done:
             r.generated = min(r.generated + 1, r.output_tokens)
-            if math.isnan(r.first_token_s):
+            if math.isnan(r.first_token_s) and r.output_tokens > 0:
                 r.first_token_s = now
             if r.generated >= r.output_tokens:
                 self._finish(r)
@@ -463,8 +483,10 @@ class Replica:
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def _release(self, req: Request) -> None:
+        if not req.holds_kv:  # e.g. a retracted request finishing in its remote re-prefill
+            return
         self.device.release(req.device_blocks)
-        req.device_blocks = 0
+        req.device_blocks, req.holds_kv = 0, False
         if req.offloaded:
             self.host.release(req.host_bytes)
             self.num_offloaded -= 1

@@ -24,7 +24,7 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Spec):
@@ -201,10 +201,10 @@ class SyntheticSpec(_Spec):
 
     num_requests: PositiveInt
     rate_per_s: PositiveFloat
-    prompt_tokens_mean: PositiveFloat
-    output_tokens_mean: PositiveFloat
-    prompt_tokens_cv: Annotated[float, Field(ge=0)] = 1.0
-    output_tokens_cv: Annotated[float, Field(ge=0)] = 0.5
+    prompt_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
+    output_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
+    prompt_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 1.0
+    output_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 0.5
 
 
 class SloSpec(_Spec):
@@ -228,6 +228,15 @@ class DensePolicy(_Spec):
     new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
     new_token_ratio_decay_steps: PositiveInt = 600
     clip_max_new_tokens: PositiveInt = 4096
+
+    @model_validator(mode="after")
+    def _check_ratio(self) -> DensePolicy:
+        if self.new_token_ratio_init < self.new_token_ratio_min:
+            raise ValueError(
+                f"new_token_ratio_init ({self.new_token_ratio_init}) must be >= new_token_ratio_min "
+                f"({self.new_token_ratio_min})"
+            )
+        return self
 
 
 class OffloadPolicy(DensePolicy):

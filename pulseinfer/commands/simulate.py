@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from pulseinfer.commands import plot
+
 EXIT_BAD_INPUT = 2
 
 
@@ -16,7 +18,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="replay a trace through each policy and compare them",
         description="Replay a scenario's workload through each policy on one simulated GPU and print a "
         "summary table (one row per policy, with ratios to sglang).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "scenario",
@@ -34,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="override a scenario key, e.g. --set workload.time_scale=0.5 --set policies=sglang,pulseinfer",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--plots", action="store_true", help="draw the figures into OUT/plots after the run")
+    plot.add_format_arguments(p)
     return p
 
 
@@ -44,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from sim.run import simulate, with_ratios
 
     out = args.out
+    try:
+        formats = plot.check_format_arguments(args) if args.plots else ()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         out = out or Path("results") / scenario.name
@@ -57,12 +65,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:
-        print(f"error: --out {out}: cannot write results ({exc.strerror or exc})", file=sys.stderr)
+        where = exc.filename or out
+        print(f"error: {where}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     n = len(result.workload)
-    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} requests, seed {scenario.seed}")
+    noun = "request" if n == 1 else "requests"
+    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} {noun}, seed {scenario.seed}")
     print(format_summary(with_ratios(result.summary)))
     print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
+    if formats:
+        args.results_dir, args.out = out, out / "plots"
+        return plot.run(args)
     return 0
 
 

@@ -1,0 +1,159 @@
+"""Draw every figure a results folder has data for: ``plot_results(results_dir, out_dir, formats)``.
+
+``FIGURES`` lists each figure's file name, the tables it reads and how to draw it. A figure whose table is
+missing, unreadable or lacks what it needs is skipped with a one-line note; nothing is simulated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from plots.ablation import ablation_bars
+from plots.latency import tpot_cdf, ttft_cdf
+from plots.recall import layer_recall_heatmap, recall_per_step
+from plots.style import MissingData
+from plots.timeline import layer_pipeline_gantt
+from plots.timeseries import link_utilisation, memory_over_time, throughput_over_time
+
+FORMATS = ("png", "svg", "pdf")
+MIN_ABLATION_POLICIES = 3
+WINDOW_ARRIVALS = 2.0  # time axes run to this multiple of the last arrival
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str  # output file stem
+    tables: tuple[str, ...]  # CSV files in the results folder, passed to draw in this order
+    draw: Callable[..., Figure]  # (*tables, context) -> Figure; raises MissingData to skip
+
+
+def _ablation(summary: pd.DataFrame, _ctx: dict) -> Figure:
+    if len(summary) < MIN_ABLATION_POLICIES:
+        raise MissingData(f"summary.csv has {len(summary)} policies; ablation bars need >= {MIN_ABLATION_POLICIES}")
+    return ablation_bars(summary)
+
+
+FIGURES = [
+    FigureSpec("tpot_cdf", ("requests.csv",), lambda r, c: tpot_cdf(r, c["slo_tpot_s"])),
+    FigureSpec("ttft_cdf", ("requests.csv",), lambda r, c: ttft_cdf(r, c["slo_ttft_s"])),
+    FigureSpec("throughput_over_time", ("steps.csv",), lambda s, c: throughput_over_time(s, until_s=c["until_s"])),
+    FigureSpec("link_utilisation", ("steps.csv",), lambda s, c: link_utilisation(s, until_s=c["until_s"])),
+    FigureSpec("recall_per_step", ("steps.csv",), lambda s, c: recall_per_step(s)),
+    FigureSpec(
+        "memory_over_time", ("steps.csv",), lambda s, c: memory_over_time(s, hbm_gib=c["hbm_gib"], until_s=c["until_s"])
+    ),
+    FigureSpec("layer_recall_heatmap", ("layer_recall.csv",), lambda t, c: layer_recall_heatmap(t, c["until_s"])),
+    FigureSpec("ablation_bars", ("summary.csv",), _ablation),
+    FigureSpec("layer_pipeline", ("timeline.csv",), lambda t, c: layer_pipeline_gantt(t)),
+]
+KNOWN_TABLES = sorted({t for spec in FIGURES for t in spec.tables})
+
+
+def parse_formats(text: str | Iterable[str]) -> tuple[str, ...]:
+    """``"png,svg"`` -> ``("png", "svg")``; ValueError naming the bad entry and the choices."""
+    items = [f.strip().lower().lstrip(".") for f in (text.split(",") if isinstance(text, str) else text)]
+    bad = [f for f in items if f not in FORMATS]
+    if bad or not items:
+        raise ValueError(f"--format {','.join(items)!r}: expected a comma list of {', '.join(FORMATS)}")
+    return tuple(dict.fromkeys(items))
+
+
+def plot_results(
+    results_dir: str | Path,
+    out_dir: str | Path,
+    formats: Sequence[str] = ("png",),
+    *,
+    dpi: int = 100,
+    note: Callable[[str], None] = print,
+) -> list[Path]:
+    """Write ``out_dir/<figure>.<format>`` for every figure the folder has data for; return the written paths.
+
+    Raises NotADirectoryError when ``results_dir`` is not a folder and FileNotFoundError when it holds none
+    of the result tables; every other gap skips one figure and calls ``note`` with the reason.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: saving never needs a display
+    results_dir, out_dir = Path(results_dir), Path(out_dir)
+    formats = parse_formats(formats)
+    if not results_dir.is_dir():
+        raise NotADirectoryError(f"{results_dir}: {'not a folder' if results_dir.exists() else 'no such folder'}")
+    if not any((results_dir / t).is_file() for t in KNOWN_TABLES):
+        raise FileNotFoundError(f"{results_dir}: holds none of {', '.join(KNOWN_TABLES)}")
+    tables = _TableCache(results_dir)
+    context = {**_scenario_context(results_dir / "scenario.yaml"), "until_s": _window_s(tables)}
+    written: list[Path] = []
+    for spec in FIGURES:
+        try:
+            fig = spec.draw(*(tables[t] for t in spec.tables), context)
+        except MissingData as exc:
+            note(f"skipped {spec.name}: {exc}")
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written += [_save(fig, out_dir / f"{spec.name}.{fmt}", dpi) for fmt in formats]
+    return written
+
+
+class _TableCache:
+    """Reads each CSV once; a missing or unreadable one raises MissingData for the figure that asked."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self._tables = folder, {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            path = self.folder / name
+            if not path.is_file():
+                self._tables[name] = MissingData(f"{name} not in {self.folder}")
+            else:
+                try:
+                    self._tables[name] = pd.read_csv(path)
+                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+                    self._tables[name] = MissingData(f"cannot read {name}: {str(exc).splitlines()[0]}")
+        value = self._tables[name]
+        if isinstance(value, MissingData):
+            raise value
+        return value
+
+
+def _window_s(tables: _TableCache) -> float | None:
+    """Time axes end at twice the last arrival: long enough to show the drain, short enough that a policy
+    that falls hopelessly behind does not squash the others into a corner. None: the whole run."""
+    try:
+        last_arrival = float(tables["requests.csv"]["arrival_s"].max())
+    except (MissingData, KeyError, ValueError, TypeError):
+        return None
+    return WINDOW_ARRIVALS * last_arrival if last_arrival > 0 else None
+
+
+def _scenario_context(scenario_yaml: Path) -> dict:
+    """SLO bounds and HBM capacity from the resolved scenario, when it is there (lines on the figures)."""
+    try:
+        scenario = yaml.safe_load(scenario_yaml.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        scenario = None
+    slo, hardware = _section(scenario, "slo"), _section(scenario, "hardware")
+    tpot_ms, ttft_s, hbm_gib = slo.get("tpot_ms"), slo.get("ttft_s"), hardware.get("hbm_gib")
+    number = (int, float)
+    return {
+        "slo_tpot_s": tpot_ms * 1e-3 if isinstance(tpot_ms, number) else None,
+        "slo_ttft_s": ttft_s if isinstance(ttft_s, number) else None,
+        "hbm_gib": hbm_gib if isinstance(hbm_gib, number) else None,
+    }
+
+
+def _section(scenario: object, key: str) -> dict:
+    value = scenario.get(key) if isinstance(scenario, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _save(fig: Figure, path: Path, dpi: int) -> Path:
+    metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(path.suffix[1:])
+    fig.savefig(path, dpi=dpi, metadata=metadata)
+    return path

@@ -1,0 +1,52 @@
+"""``pulseinfer plot``: draw every figure a results folder has data for."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plot",
+        help="draw the figures for a results folder",
+        description="Draw every figure the results folder (written by `pulseinfer simulate --out`) has data "
+        "for; a figure whose table is missing is skipped with a note.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="folder with summary/requests/steps.csv")
+    p.add_argument("--out", type=Path, default=None, help="figure folder (default: RESULTS_DIR/plots)")
+    add_format_arguments(p)
+    return p
+
+
+def add_format_arguments(p: argparse.ArgumentParser) -> None:
+    """``--format`` and ``--dpi``, shared with ``pulseinfer simulate --plots``."""
+    p.add_argument("--format", default="png", help="comma list of figure formats: png, svg, pdf")
+    p.add_argument("--dpi", type=int, default=100, help="resolution of raster formats")
+
+
+def check_format_arguments(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--format`` list, validated with ``--dpi``; ValueError with a one-line message otherwise."""
+    from plots.render import parse_formats
+
+    if args.dpi < 1:
+        raise ValueError(f"--dpi {args.dpi}: expected a positive integer")
+    return parse_formats(args.format)
+
+
+def run(args: argparse.Namespace) -> int:
+    from plots.render import plot_results
+
+    out = args.out or args.results_dir / "plots"
+    try:
+        formats = check_format_arguments(args)
+        written = plot_results(args.results_dir, out, formats, dpi=args.dpi)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{len(written)} figure file(s) in {out}/")
+    return 0

@@ -1,0 +1,45 @@
+"""The ablation ladder on three configurations (issue: scheduler), printed as one table.
+
+Runs ``scenarios/ablation.yaml`` for Qwen3-14B on H200, Qwen3-14B on H100 and Qwen3-30B-A3B on H200.
+Takes ~10 minutes on 2 cores. Run: ``python scripts/ablation_table.py [--set key=value ...]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pandas as pd
+
+from sim import load_scenario, simulate
+from sim.run import with_ratios
+
+CONFIGS = [("qwen3-14b", "h200"), ("qwen3-14b", "h100-sxm"), ("qwen3-30b-a3b", "h200")]
+COLUMNS = {
+    "decode_tokens_per_s": "decode tok/s",
+    "tpot_mean_s": "TPOT mean s",
+    "tpot_p99_s": "TPOT p99 s",
+    "mean_batch": "mean batch",
+    "stall_frac": "stall frac",
+    "link_busy_frac": "link busy frac",
+    "throughput_vs_sglang": "x sglang",
+    "throughput_vs_headwise": "x headwise",
+}
+
+
+def main(extra: list[str]) -> None:
+    frames = []
+    for model, hardware in CONFIGS:
+        started = time.perf_counter()
+        sc = load_scenario("ablation", [f"model={model}", f"hardware={hardware}", "run.progress=false", *extra])
+        s = with_ratios(simulate(sc).summary)
+        table = s[["policy", *COLUMNS]].rename(columns=COLUMNS)
+        table.insert(0, "config", f"{model} / {hardware}")
+        frames.append(table)
+        print(f"{model} on {hardware}: {time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(pd.concat(frames).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main([a for a in sys.argv[1:] if a != "--set"])
