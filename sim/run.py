@@ -152,7 +152,7 @@ def simulate_policy(
         reason = "horizon"
     except RuntimeError:  # SimPy: no events left before `until` — nothing can make progress any more
         reason = "stuck"
-    _collect_unfinished(replica, reqs, rec, reason)
+    _collect_unfinished(replica, rec, reason)
     requests = requests_table(rec.requests)
     steps = steps_table(rec)
     end_s = float(requests["finish_s"].max()) if horizon is None else env.now
@@ -177,13 +177,13 @@ def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> 
     return env.any_of([main, env.timeout(horizon_s)])
 
 
-def _collect_unfinished(replica: Replica, reqs: list[Request], rec: Recorder, reason: str) -> None:
+def _collect_unfinished(replica: Replica, rec: Recorder, reason: str) -> None:
     """Requests that arrived but neither finished nor were rejected (the horizon cut them, or the
     scheduler could make no more progress: ``reason``)."""
     if len(replica.batch):
         replica.batch.remove(np.ones(len(replica.batch), dtype=bool))
     recorded = {r.request_id for r in rec.requests}
-    for r in reqs[: replica.arrived]:
+    for r in replica.submitted:
         if r.request_id not in recorded:
             r.unfinished_reason = reason
             rec.requests.append(r)

@@ -67,6 +67,7 @@ class Request:
     num_preemptions: int = 0
     unfinished_reason: str = ""
     holds_kv: bool = False  # admitted and holding device blocks / host bytes
+    done: simpy.Event | None = None  # set by a closed-loop driver; fires when the request is done
 
 
 class DecodeBatch:
@@ -118,7 +119,8 @@ class Replica:
         env: the SimPy environment.
         scenario: the validated scenario.
         policy: the policy instance (``sim.policies.make_policy(scenario, name)``).
-        requests: requests in arrival order.
+        requests: requests in arrival order, submitted by :meth:`arrivals` (open loop); pass ``[]`` and
+            call :meth:`submit` / :meth:`close` to drive the replica from a router or sessions.
         rng: seeded generator for the policy's random draws.
         recorder: where step and request records go.
         on_finish: called with each finished or rejected request (progress bars).
@@ -162,6 +164,8 @@ class Replica:
         self.wake: simpy.Event = env.event()
         self.step_id = 0
         self.num_done = 0  # finished or rejected
+        self.closed = False  # no more submissions will come
+        self.submitted: list[Request] = []  # in submission order
         self.last_attended = 0  # KV tokens read per layer by the last decode step (admission estimate)
         self.policy_sparse_tokens = getattr(policy, "sparse_tokens", 0)
         self.recall_steps = 0  # decode steps that recalled (the timeline records one of them)
@@ -170,20 +174,38 @@ class Replica:
 
     # ---- processes -------------------------------------------------------------------------------
     def arrivals(self) -> Generator[simpy.Event, object, None]:
-        """Release requests into the waiting queue at their arrival times."""
+        """Submit ``requests`` at their arrival times (open loop), then close the replica."""
         for req in self.requests:
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
-            self.arrived += 1
-            reason = self._never_fits(req)
-            if reason:  # reject on arrival: never occupy a prefill GPU for a request that cannot run
-                self._reject(req, reason)
-                if not self.wake.triggered:
-                    self.wake.succeed()
-            elif self.disaggregated:
-                self.env.process(self._remote_prefill(req))
-            else:
-                self._enqueue(req)
+            self.submit(req)
+        self.close()
+
+    def submit(self, req: Request) -> None:
+        """A request arrives now (from a trace, a router or a closed-loop session).
+
+        Requests that can never run here are rejected at once; the others go to remote prefill
+        (disaggregated) or the waiting queue. ``req.done``, if set, fires when it finishes or is rejected.
+        """
+        self.arrived += 1
+        self.submitted.append(req)
+        reason = self._never_fits(req)
+        if reason:  # reject on arrival: never occupy a prefill GPU for a request that cannot run
+            self._reject(req, reason)
+            self._wake()
+        elif self.disaggregated:
+            self.env.process(self._remote_prefill(req))
+        else:
+            self._enqueue(req)
+
+    def close(self) -> None:
+        """No more submissions: :meth:`run` returns once every submitted request is done."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self.wake.triggered:
+            self.wake.succeed()
 
     def _enqueue(self, req: Request, front: bool = False) -> None:
         if front:
@@ -194,8 +216,7 @@ class Replica:
             self.wake.succeed()
 
     def run(self) -> Generator[simpy.Event, object, None]:
-        """The scheduler loop; returns when every request has finished or been rejected."""
-        total = len(self.requests)
+        """The scheduler loop; returns when the replica is closed and every submitted request is done."""
         while True:
             if self.disaggregated:
                 self.batch.add(self._admit_prefilled())
@@ -206,7 +227,7 @@ class Replica:
                 yield from self._prefill(chunks)
             elif len(self.batch):
                 yield from self._decode_step()
-            elif self.num_done == total:
+            elif self.closed and self.num_done == self.arrived:
                 return
             else:
                 self.wake = self.env.event()
@@ -224,8 +245,7 @@ class Replica:
             req.first_token_s = self.env.now
         if req.generated >= req.output_tokens:
             self._finish(req)
-            if not self.wake.triggered:
-                self.wake.succeed()
+            self._wake()
         else:
             self._enqueue(req)
 
@@ -495,15 +515,18 @@ class Replica:
     def _finish(self, req: Request) -> None:
         req.finish_s = self.env.now
         self._release(req)
-        self.num_done += 1
-        self.rec.requests.append(req)
-        self.on_finish(req)
+        self._done(req)
 
     def _reject(self, req: Request, reason: str) -> None:
         req.unfinished_reason = reason
+        self._done(req)
+
+    def _done(self, req: Request) -> None:
         self.num_done += 1
         self.rec.requests.append(req)
         self.on_finish(req)
+        if req.done is not None:
+            req.done.succeed(req)
 
     def _record(
         self,
