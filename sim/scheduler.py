@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,26 +254,36 @@ class Replica:
         admitted: list[Request] = []
         if not self.waiting:
             return admitted
+        for req in self._admit_from_queue(len(self.batch), lambda: True):
+            req.prefilled = req.prefill_target
+            admitted.append(req)
+        return admitted
+
+    def _admit_from_queue(self, running: int, more: Callable[[], bool]) -> Iterator[Request]:
+        """FCFS admission over the waiting queue (SGLang ``PrefillAdder``): yield each admitted request.
+
+        Stops at the first request that must wait for memory; one that waits only for the link
+        (IO-adaptive admission) lets up to ``BYPASS_SCAN`` requests behind it try (dense ones get in).
+        Requests that can never run are rejected on the way. ``more()`` is asked before each request.
+        """
         reserved = self._reserved_blocks()
-        running = len(self.batch)
         pos = 0
-        while pos < len(self.waiting) and running < self.policy.params.max_running_requests:
+        while pos < len(self.waiting) and running < self.policy.params.max_running_requests and more():
             req = self.waiting[pos]
-            verdict = self._admit(req, reserved, cached=req.prompt_tokens + req.generated - 1)
+            cached = req.prompt_tokens + req.generated - 1 if self.disaggregated else None
+            verdict = self._admit(req, reserved, cached)
             if verdict == "wait_io" and pos < BYPASS_SCAN:
                 pos += 1  # the link is full, not the pool: let dense requests behind it in
                 continue
             if verdict in ("wait", "wait_io"):
-                break
+                return
             del self.waiting[pos]
             if verdict != "ok":
                 self._reject(req, verdict)
                 continue
             reserved += self._future_blocks(req)
-            req.prefilled = req.prefill_target
-            admitted.append(req)
             running += 1
-        return admitted
+            yield req
 
     # ---- prefill ---------------------------------------------------------------------------------
     def _build_prefill(self) -> list[tuple[Request, int]]:
@@ -290,26 +300,10 @@ class Replica:
             self.chunked = None
         if not self.waiting or budget <= 0:
             return chunks
-        reserved = self._reserved_blocks()
-        running = len(self.batch) + len(chunks)
-        pos = 0
-        while pos < len(self.waiting) and budget > 0 and running < p.max_running_requests:
-            req = self.waiting[pos]
-            verdict = self._admit(req, reserved)
-            if verdict == "wait_io" and pos < BYPASS_SCAN:
-                pos += 1  # the link is full, not the pool: let dense requests behind it in
-                continue
-            if verdict in ("wait", "wait_io"):
-                break
-            del self.waiting[pos]
-            if verdict != "ok":
-                self._reject(req, verdict)
-                continue
-            reserved += self._future_blocks(req)
+        for req in self._admit_from_queue(len(self.batch) + len(chunks), lambda: budget > 0):  # noqa: B023
             take = min(req.prefill_target, budget)
             chunks.append((req, take))
             budget -= take
-            running += 1
             if take < req.prefill_target:
                 self.chunked = req
                 break
