@@ -113,6 +113,9 @@ def resolve_policies(raw: dict[str, Any]) -> dict[str, Any]:
         entry = dict(entry)
         preset = entry.pop("preset", name)
         path = scenarios_dir() / POLICY_DIR / f"{preset}.yaml"
+        if not path.is_file() and "kind" in entry and "preset" not in (given.get(name) or {}):
+            resolved[name] = entry  # a complete, already resolved entry (e.g. a written scenario.yaml)
+            continue
         if not path.is_file():
             where = f"policy.{name}.preset" if preset != name else "policies"
             raise ScenarioError(
@@ -135,10 +138,10 @@ def format_validation_error(exc: ValidationError) -> str:
     """``a.b: message (got value)`` for each error, joined by ``; ``."""
     parts = []
     for err in exc.errors():
-        parts = list(err["loc"])
-        if len(parts) > 2 and parts[0] == "policy" and parts[2] in POLICY_KINDS:
-            del parts[2]  # pydantic puts the discriminator tag in the path; users never write it
-        loc = ".".join(str(p) for p in parts)
+        loc_parts = list(err["loc"])
+        if len(loc_parts) > 2 and loc_parts[0] == "policy" and loc_parts[2] in POLICY_KINDS:
+            del loc_parts[2]  # pydantic puts the discriminator tag in the path; users never write it
+        loc = ".".join(str(p) for p in loc_parts)
         got = err.get("input")
         shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         msg = err["msg"].removeprefix("Value error, ")

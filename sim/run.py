@@ -1,5 +1,9 @@
 """``simulate(scenario) -> SimResult``: load the workload, run each policy on its own replica, tabulate.
 
+An open-loop workload is submitted at its recorded arrival times (``Replica.arrivals``); a session trace is
+replayed closed loop by ``sim.sessions.SessionDriver`` (requests issued as earlier ones finish), with session
+start times from a generator of their own, so every policy is offered the same sessions at the same times.
+
 Each policy gets a fresh SimPy environment and a generator seeded from ``(scenario.seed, policy index)``,
 so policies do not share random streams and the same seed gives identical tables.
 """
@@ -28,9 +32,11 @@ from sim.metrics import (
 )
 from sim.policies import make_policy
 from sim.scheduler import Replica, Request
-from sim.specs import Scenario
+from sim.sessions import SessionDriver, session_starts
+from sim.specs import Scenario, SessionsSpec
 
 BASELINE = "sglang"
+INCOMPLETE_REASONS = ("horizon", "stuck")  # set by collect_unfinished; any other reason is a rejection
 OFFLOAD_BASELINE = "headwise"  # the representative existing offloader
 TABLES = {
     "requests": "requests",
@@ -88,8 +94,13 @@ class SimResult:
 def load_workload(scenario: Scenario) -> pd.DataFrame:
     """The request table the scenario describes (trace or synthetic, then shaped).
 
+    A session trace (``traces.is_session_table``) comes back as a session table, cut by
+    ``traces.shape_sessions`` (``sessions.max_sessions``, the prompt-length filter, ``sessions.max_think_time_s``);
+    :func:`simulate_policy` replays it closed loop.
+
     Raises:
-        ScenarioError: if the trace is missing or malformed, or shaping removes every request.
+        ScenarioError: if the trace is missing or malformed, a key does not apply to the trace (window or time
+            scale on a session trace, ``sessions`` on an open-loop one), or shaping removes every request.
     """
     w = scenario.workload
     try:
@@ -101,7 +112,15 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
                 prompt_tokens_cv=s.prompt_tokens_cv, output_tokens_cv=s.output_tokens_cv,
             )  # fmt: skip
         else:
-            df = traces.load_trace(w.trace, w.format)
+            columns = w.columns.model_dump() if w.columns is not None else None
+            df = traces.load_trace(w.trace, w.format, columns=columns, week=w.week)
+        if traces.is_session_table(df):
+            return _shape_sessions(scenario, df)
+        if w.sessions is not None:
+            raise ScenarioError(
+                f"workload.sessions: trace {w.trace!r} is not a session trace (format {df.attrs.get('format')}); "
+                "sessions apply to kvcache_tester session traces"
+            )
         return traces.shape_requests(
             df,
             start_s=w.start_s,
@@ -112,10 +131,39 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
             min_prompt_tokens=w.min_prompt_tokens,
             max_prompt_tokens=w.max_prompt_tokens,
         )
+    except ScenarioError:
+        raise
     except traces.TraceError as exc:
         raise ScenarioError(f"workload.trace: {exc}") from None
     except ValueError as exc:
         raise ScenarioError(f"workload: {exc}") from None
+
+
+def _shape_sessions(scenario: Scenario, df: pd.DataFrame) -> pd.DataFrame:
+    """Cut a session table as the scenario says; the open-loop keys that do not apply are errors."""
+    w = scenario.workload
+    open_loop = {
+        "start_s": w.start_s,
+        "end_s": w.end_s,
+        "max_requests": w.max_requests,
+        "time_scale": None if w.time_scale == 1.0 else w.time_scale,
+        "target_rate_per_s": w.target_rate_per_s,
+    }
+    given = [key for key, value in open_loop.items() if value is not None]
+    if given:
+        raise ScenarioError(
+            f"workload.{given[0]}: does not apply to session trace {w.trace!r} (sessions have no shared clock and "
+            "are replayed closed loop); use workload.sessions (session_rate_per_s, max_concurrent_sessions, "
+            "max_sessions, max_think_time_s)"
+        )
+    spec = w.sessions or SessionsSpec()
+    return traces.shape_sessions(
+        df,
+        max_sessions=spec.max_sessions,
+        min_prompt_tokens=w.min_prompt_tokens,
+        max_prompt_tokens=w.max_prompt_tokens,
+        max_think_time_s=spec.max_think_time_s,
+    )
 
 
 def simulate_policy(
@@ -134,17 +182,27 @@ def simulate_policy(
     policy = make_policy(scenario, policy_name)
     rng = np.random.default_rng([scenario.seed, seed_index])
     rec = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
-    reqs = [
-        Request(int(i), float(a), int(p), int(o))
-        for i, a, p, o in zip(
-            workload["request_id"],
-            workload["arrival_s"],
-            workload["prompt_tokens"],
-            workload["output_tokens"],
-        )
-    ]
-    replica = Replica(env, scenario, policy, reqs, rng, rec, on_finish)
-    env.process(replica.arrivals())
+    driver: SessionDriver | None = None
+    if traces.is_session_table(workload):  # closed loop: sessions issue requests as earlier ones finish
+        replica = Replica(env, scenario, policy, [], rng, rec, on_finish)
+        spec = scenario.workload.sessions or SessionsSpec()
+        # Same session start times for every policy: a generator of their own, not the policy's.
+        starts_rng = np.random.default_rng([scenario.seed, 0x5E55])
+        starts = session_starts(workload["session_id"].nunique(), spec.session_rate_per_s, starts_rng)
+        driver = SessionDriver(env, replica, workload, starts, spec.max_concurrent_sessions)
+        env.process(driver.run())
+    else:
+        reqs = [
+            Request(int(i), float(a), int(p), int(o))
+            for i, a, p, o in zip(
+                workload["request_id"],
+                workload["arrival_s"],
+                workload["prompt_tokens"],
+                workload["output_tokens"],
+            )
+        ]
+        replica = Replica(env, scenario, policy, reqs, rng, rec, on_finish)
+        env.process(replica.arrivals())
     main = env.process(replica.run())
     horizon = scenario.run.horizon_s
     try:
@@ -152,8 +210,12 @@ def simulate_policy(
         reason = "horizon"
     except RuntimeError:  # SimPy: no events left before `until` — nothing can make progress any more
         reason = "stuck"
-    _collect_unfinished(replica, rec, reason)
+    collect_unfinished(replica, rec, reason)
+    if driver is not None:
+        rec.requests.extend(driver.unissued(reason))
     requests = requests_table(rec.requests)
+    if driver is not None:  # which session and turn each request belongs to
+        requests = requests.merge(workload[["request_id", "session_id", "turn"]], on="request_id", how="left")
     steps = steps_table(rec)
     end_s = float(requests["finish_s"].max()) if horizon is None else env.now
     if np.isnan(end_s):
@@ -172,14 +234,32 @@ def simulate_policy(
     return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec))
 
 
+def unfinished_counts(requests: pd.DataFrame) -> dict[str, int]:
+    """``rejected``: requests that can never run here (refused on arrival or admission);
+    ``incomplete``: requests cut by the horizon or left when the scheduler got stuck."""
+    reason = requests["unfinished_reason"]
+    incomplete = reason.isin(INCOMPLETE_REASONS)
+    return {"rejected": int(((reason != "") & ~incomplete).sum()), "incomplete": int(incomplete.sum())}
+
+
+def policy_summary(scenario: Scenario, workload: pd.DataFrame, policy_name: str, seed_index: int = 0) -> dict:
+    """One policy on one replica: :func:`simulate_policy`'s summary row plus :func:`unfinished_counts`.
+
+    Raises:
+        CapacityError: if the model does not fit in HBM.
+    """
+    result = simulate_policy(scenario, workload, policy_name, seed_index=seed_index)
+    return {**result.summary, **unfinished_counts(result.requests)}
+
+
 def min_event(env: simpy.Environment, main: simpy.Process, horizon_s: float) -> simpy.Event:
     """An event that fires when ``main`` ends or at ``horizon_s``, whichever is first."""
     return env.any_of([main, env.timeout(horizon_s)])
 
 
-def _collect_unfinished(replica: Replica, rec: Recorder, reason: str) -> None:
-    """Requests that arrived but neither finished nor were rejected (the horizon cut them, or the
-    scheduler could make no more progress: ``reason``)."""
+def collect_unfinished(replica: Replica, rec: Recorder, reason: str) -> None:
+    """Record the requests that arrived but neither finished nor were rejected, with ``reason``:
+    ``"horizon"`` (the horizon cut them) or ``"stuck"`` (the scheduler could make no more progress)."""
     if len(replica.batch):
         replica.batch.remove(np.ones(len(replica.batch), dtype=bool))
     recorded = {r.request_id for r in rec.requests}

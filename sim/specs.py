@@ -172,10 +172,19 @@ class HardwareSpec(_Spec):
 
 class WorkloadSpec(_Spec):
     """Which requests arrive when. ``trace`` is a shipped trace name or a file path; ``synthetic``
-    generates Poisson arrivals instead (exactly one of the two)."""
+    generates Poisson arrivals instead (exactly one of the two).
+
+    ``format`` picks the reader (``traces.FORMATS``; ``auto`` guesses from the name, extension and first
+    line); ``csv`` and ``jsonl`` read any file through ``columns``. A session trace (``kvcache_tester``) is
+    replayed closed loop with ``sessions`` (defaults if absent); the window and time-scale keys do not apply
+    to it (sessions have no shared clock), the prompt-length filter does.
+    """
 
     trace: str | None = "mooncake_conversation"
-    format: Literal["auto", "mooncake"] = "auto"
+    format: Literal["auto", "mooncake", "azure", "ragpulse", "kvcache_tester", "burstgpt", "csv", "jsonl"] = "auto"
+    columns: ColumnsSpec | None = None  # column mapping for format csv / jsonl
+    week: PositiveInt | None = None  # RAGPulse: which week of a multi-week file (each week has its own clock)
+    sessions: SessionsSpec | None = None  # closed-loop replay of a session trace
     synthetic: SyntheticSpec | None = None
     start_s: Annotated[float, Field(ge=0)] | None = None  # window on the trace's own clock
     end_s: PositiveFloat | None = None
@@ -193,7 +202,37 @@ class WorkloadSpec(_Spec):
             raise ValueError("give workload.time_scale or workload.target_rate_per_s, not both")
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"workload.end_s ({self.end_s}) must be > workload.start_s ({self.start_s})")
+        if self.columns is not None and self.format not in ("auto", "csv", "jsonl"):
+            raise ValueError(f"workload.columns applies to format csv or jsonl, not {self.format}")
+        if self.format in ("csv", "jsonl") and self.columns is None:
+            raise ValueError(f"workload.format {self.format} needs workload.columns (arrival, prompt_tokens, ...)")
+        if self.synthetic is not None and (self.sessions is not None or self.columns is not None):
+            raise ValueError("workload.sessions and workload.columns apply to a trace, not to workload.synthetic")
         return self
+
+
+class ColumnsSpec(_Spec):
+    """Which columns of a generic CSV / JSONL trace hold the arrival time and the token counts."""
+
+    arrival: Annotated[str, Field(min_length=1)]
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = "s"  # datetime: seconds since the earliest row
+    prompt_tokens: Annotated[str, Field(min_length=1)]
+    output_tokens: Annotated[str, Field(min_length=1)]
+
+
+class SessionsSpec(_Spec):
+    """Closed-loop replay of a session trace (``sim/sessions.py``).
+
+    Sessions start at seeded Poisson times (the first at 0 s, mean gap 1 / ``session_rate_per_s``), in the
+    trace's session order; at most ``max_concurrent_sessions`` run at once (later starts wait for a free
+    slot). Within a session, request k + 1 is issued its ``think_time_s`` after request k finished.
+    ``max_sessions`` above the trace's session count replays its sessions again, in order (counted).
+    """
+
+    session_rate_per_s: PositiveFloat = 0.05
+    max_concurrent_sessions: PositiveInt | None = None  # None = no cap
+    max_sessions: PositiveInt | None = None  # first N sessions (more: replayed again); None = each once
+    max_think_time_s: Annotated[float, Field(ge=0)] | None = None  # cap recorded pauses (counted); None = as recorded
 
 
 class SyntheticSpec(_Spec):

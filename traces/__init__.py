@@ -4,29 +4,60 @@ Every function here produces or consumes one schema, the request table of `trace
 with `REQUEST_COLUMNS` (`request_id`, `arrival_s`, `prompt_tokens`, `output_tokens`, `hash_ids`), sorted by
 arrival.
 
-- `load_trace` / `resolve_trace`: a shipped name (`SHIPPED_TRACES`) or a file path -> request table.
-- `read_mooncake`: Mooncake JSONL file -> request table (bad rows raise `TraceError` with file, line, field).
+- `load_trace` / `resolve_trace`: a shipped name (`SHIPPED_TRACES`) or a file path -> request table; the format
+  comes from `fmt` or `detect_format`.
+- Readers (bad rows raise `TraceError` with file, line, field): `read_mooncake` (Mooncake JSONL), `read_azure`
+  (Azure 2023/2024 CSV), `read_ragpulse` (RAGPulse JSONL, one week), `read_burstgpt` (BurstGPT CSV, failed rows
+  flagged), `read_kvcache_tester` (agentic sessions -> a session table), `read_csv_trace` / `read_jsonl_trace`
+  (any CSV/JSONL through a `ColumnMap`).
 - `synthetic_requests`: Poisson arrivals + lognormal lengths from an explicit `np.random.Generator`.
-- `shape_requests`: window, prompt-length filter, max rows, rebase to 0 s, time scale / target rate.
-- `trace_stats`: the summary numbers of `traces/data/README.md`.
+- `shape_requests`: window, prompt-length filter, max rows, rebase to 0 s, time scale / target rate;
+  `shape_sessions`: the same role for session tables (max sessions, prompt filter, think-time cap).
+- `trace_stats`: the summary numbers of `traces/data/README.md`; `trace_notes`: what reading and shaping did.
 
 This package is a leaf: it imports only the standard library, numpy and pandas.
 """
 
+from traces.azure import read_azure
+from traces.burstgpt import read_burstgpt
+from traces.generic import ColumnMap, read_csv_trace, read_jsonl_trace
+from traces.kvcache_tester import read_kvcache_tester
 from traces.mooncake import read_mooncake
-from traces.registry import SHIPPED_TRACES, load_trace, resolve_trace, trace_stats
-from traces.schema import REQUEST_COLUMNS, TraceError
-from traces.shape import shape_requests
+from traces.ragpulse import read_ragpulse
+from traces.registry import (
+    FORMATS,
+    SHIPPED_TRACES,
+    detect_format,
+    load_trace,
+    resolve_trace,
+    trace_notes,
+    trace_stats,
+)
+from traces.schema import REQUEST_COLUMNS, SESSION_COLUMNS, TraceError, is_session_table
+from traces.shape import shape_requests, shape_sessions
 from traces.synthetic import synthetic_requests
 
 __all__ = [
+    "FORMATS",
     "REQUEST_COLUMNS",
+    "SESSION_COLUMNS",
     "SHIPPED_TRACES",
+    "ColumnMap",
     "TraceError",
+    "detect_format",
+    "is_session_table",
     "load_trace",
+    "read_azure",
+    "read_burstgpt",
+    "read_csv_trace",
+    "read_jsonl_trace",
+    "read_kvcache_tester",
     "read_mooncake",
+    "read_ragpulse",
     "resolve_trace",
     "shape_requests",
+    "shape_sessions",
     "synthetic_requests",
+    "trace_notes",
     "trace_stats",
 ]

@@ -11,6 +11,14 @@ sorted by arrival:
 | `output_tokens` | int64 | output (decode) length in tokens, >= 0 |
 | `hash_ids` | object | python `list[int]` per row: prefix-block hashes as in the source, `[]` if none |
 
+Readers may add extra columns after these (e.g. `session_id`, `week`, `failed`); every table function keeps them.
+
+**Session tables** (closed-loop agentic traces, `traces.kvcache_tester`) also have `SESSION_COLUMNS`:
+`session_id` (str), `turn` (int64, 0-based order within the session) and `think_time_s` (float64, the client's
+delay before issuing the request, after the previous one finished). Sessions have no shared clock: rows are
+grouped by session then turn, `arrival_s` is the time on the session's own clock (non-decreasing within a
+session only) and `df.attrs["clock"]` is "per_session". `is_session_table` tells them apart.
+
 Metadata travels in `df.attrs` (e.g. `source`, `num_blank_lines`, `num_resorted`, `num_dropped_window`), so a
 reader never drops, clips or reorders rows without saying so (STYLE.md 9.5).
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 import pandas as pd
 
 REQUEST_COLUMNS: list[str] = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "hash_ids"]
+SESSION_COLUMNS: list[str] = ["session_id", "turn", "think_time_s"]
 
 
 class TraceError(ValueError):
@@ -51,3 +60,8 @@ def require_request_columns(df: pd.DataFrame, argument: str = "df") -> None:
         raise ValueError(
             f"{argument} is missing request columns {missing}; expected {REQUEST_COLUMNS}, got {list(df.columns)}"
         )
+
+
+def is_session_table(df: pd.DataFrame) -> bool:
+    """True for a closed-loop session table (it has every column of `SESSION_COLUMNS`)."""
+    return all(c in df.columns for c in SESSION_COLUMNS)

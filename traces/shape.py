@@ -13,6 +13,8 @@ Rows are only ever dropped, never altered (apart from the rebase and the time sc
 `df.attrs` (STYLE.md 9.5): `num_input_rows`, `num_dropped_window`, `num_dropped_prompt_filter`,
 `num_dropped_max_requests`, `arrival_offset_s` (the first kept arrival, on the input clock) and
 `time_scale_applied`. Attributes of the input (e.g. `source`) are kept.
+
+`shape_sessions` is the counterpart for closed-loop session tables: first sessions, prompt filter, think-time cap.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from traces._checks import check_int, check_non_negative, check_positive
-from traces.schema import require_request_columns
+from traces.schema import SESSION_COLUMNS, is_session_table, require_request_columns
 
 
 def shape_requests(
@@ -160,3 +162,87 @@ def _scale_for_rate(arrivals_s: np.ndarray, target_rate_per_s: float) -> float:
             f"there are {n} rows spanning {span_s:g} s (use time_scale, or keep more rows)"
         )
     return (n - 1) / (span_s * target_rate_per_s)
+
+
+def shape_sessions(
+    df: pd.DataFrame,
+    *,
+    max_sessions: int | None = None,
+    min_prompt_tokens: int | None = None,
+    max_prompt_tokens: int | None = None,
+    max_think_time_s: float | None = None,
+) -> pd.DataFrame:
+    """Cut a session table (`traces.schema.is_session_table`) into the sessions a scenario replays closed loop.
+
+    In this order: keep the first `max_sessions` sessions (table order; a `max_sessions` above the trace's
+    session count replays its sessions again in order, the copies' `session_id` suffixed `#2`, `#3`, ...); drop
+    requests outside
+    `min_prompt_tokens <= prompt_tokens <= max_prompt_tokens` (the session's other requests stay, each still
+    issued its own think time after the previous kept one finished); cap `think_time_s` at `max_think_time_s`.
+    Time windows and time scaling do not apply: sessions have no shared clock, and a closed loop sets its own
+    pace. Everything is counted in `df.attrs`: `num_input_rows`, `num_dropped_sessions` (requests of the sessions
+    left out), `num_repeated_sessions`, `num_dropped_prompt_filter`, `num_think_capped`; `num_sessions` (and
+    `num_subagent_requests`, with an `agent_id` column) describe the result.
+
+    Args:
+        df: session table.
+        max_sessions: >= 1; None = every session once.
+        min_prompt_tokens, max_prompt_tokens: as in `shape_requests`.
+        max_think_time_s: >= 0; None = think times as recorded (agentic traces have pauses of hours).
+
+    Returns:
+        A new session table, `request_id` renumbered 0..n-1, other columns as in `df`.
+
+    Raises:
+        TypeError: if `df` is not a DataFrame or an option has the wrong type.
+        ValueError: if `df` is not a non-empty session table, an option is out of range, or the options remove
+            every request.
+    """
+    require_request_columns(df)
+    if not is_session_table(df):
+        raise ValueError(f"df is not a session table: expected columns {SESSION_COLUMNS}, got {list(df.columns)}")
+    if df.empty:
+        raise ValueError("df has no rows; expected a non-empty session table")
+    if max_sessions is not None:
+        check_int("max_sessions", max_sessions, 1)
+    if min_prompt_tokens is not None:
+        check_int("min_prompt_tokens", min_prompt_tokens, 1)
+    if max_prompt_tokens is not None:
+        check_int("max_prompt_tokens", max_prompt_tokens, min_prompt_tokens or 1)
+    if max_think_time_s is not None:
+        check_non_negative("max_think_time_s", max_think_time_s)
+
+    out = df
+    session_ids = pd.unique(df["session_id"])
+    num_repeated = 0
+    if max_sessions is not None and max_sessions <= len(session_ids):
+        out = out.loc[out["session_id"].isin(set(session_ids[:max_sessions]))]
+    elif max_sessions is not None:  # more sessions than the trace has: replay its sessions again, in order
+        copies = [df]
+        for k in range(len(session_ids), max_sessions):
+            copy = df.loc[df["session_id"] == session_ids[k % len(session_ids)]].copy()
+            copy["session_id"] = copy["session_id"] + f"#{k // len(session_ids) + 1}"
+            copies.append(copy)
+        num_repeated = max_sessions - len(session_ids)
+        out = pd.concat(copies, ignore_index=True)
+        out.attrs = dict(df.attrs)
+    num_after_sessions = len(out)
+    out = _filter_prompt_tokens(out, min_prompt_tokens, max_prompt_tokens)
+    out = out.reset_index(drop=True)
+    out["request_id"] = np.arange(len(out), dtype=np.int64)
+    num_capped = 0
+    if max_think_time_s is not None:
+        think = out["think_time_s"].to_numpy(dtype=np.float64)
+        num_capped = int(np.count_nonzero(think > max_think_time_s))
+        out["think_time_s"] = np.minimum(think, max_think_time_s)
+    if "agent_id" in out.columns:
+        out.attrs["num_subagent_requests"] = int((out["agent_id"] != "").sum())
+    out.attrs.update(
+        num_sessions=int(out["session_id"].nunique()),
+        num_input_rows=len(df),
+        num_dropped_sessions=max(len(df) - num_after_sessions, 0),
+        num_repeated_sessions=num_repeated,
+        num_dropped_prompt_filter=num_after_sessions - len(out),
+        num_think_capped=num_capped,
+    )
+    return out

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.loader import ScenarioError, load_scenario
     from sim.report import format_summary
     from sim.run import simulate, with_ratios
+    from traces import trace_notes
 
     out = args.out
     try:
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     n = len(result.workload)
     noun = "request" if n == 1 else "requests"
     print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} {noun}, seed {scenario.seed}")
+    for note in trace_notes(result.workload):
+        print(f"  workload: {note}")
     print(format_summary(with_ratios(result.summary)))
     print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
     if formats:

@@ -78,3 +78,11 @@ def test_override_through_a_scalar_is_rejected_naming_the_key():
 
 def test_comma_in_a_string_field_is_kept():
     assert load_scenario(None, ["workload.trace=runs/a,b.jsonl"]).workload.trace == "runs/a,b.jsonl"
+
+
+def test_written_ablation_scenario_loads_back(tmp_path):
+    from sim.loader import dump_scenario
+
+    scn = load_scenario("ablation")
+    dump_scenario(scn, tmp_path / "scenario.yaml")
+    assert load_scenario(tmp_path / "scenario.yaml") == scn
