@@ -14,7 +14,7 @@ import argparse
 import importlib
 
 EXIT_BAD_INPUT = 2
-COMMANDS = ["simulate", "plot"]  # module names under pulseinfer.commands, in help order
+COMMANDS = ["simulate", "search", "plan", "plot", "engine_bench", "trace"]  # pulseinfer.commands modules, help order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,179 @@
+"""``pulseinfer plan``: max sustainable rate per replica and replicas for a target rate, per hardware × policy."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+EPILOG = """\
+For each hardware × policy: the highest request rate one replica sustains under the SLO, found by
+bisection on the trace's time scale (workload.target_rate_per_s), simulating the first --max-requests
+requests each time; with --target-rate, the fewest replicas that meet the SLO at that rate, checked by
+simulating that many replicas behind each router on --max-requests × N requests (not by dividing).
+OUT/plan.csv has one row per hardware × policy (× router with --target-rate).
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plan",
+        help="capacity planning: max rate per replica and replicas for a target rate",
+        description="Capacity planning under a tail SLO for each hardware card × policy.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", default=None, help="scenario YAML path or shipped name (default: default)")
+    p.add_argument(
+        "--slo",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="p99 targets over requests, e.g. tpot_p99_ms=50,ttft_p99_s=10 (default: the scenario's slo block)",
+    )
+    p.add_argument("--hardware", default=None, help="hardware cards, e.g. h100-sxm,h200,a100-80gb (default: its own)")
+    p.add_argument("--policies", default=None, help="policies, e.g. sglang,pulseinfer (default: the scenario's)")
+    p.add_argument("--target-rate", type=float, default=None, help="requests/s the fleet must serve")
+    p.add_argument("--routers", default="round_robin,least_tokens", help="routers to check (default: both)")
+    p.add_argument("--max-requests", type=int, default=600, help="requests per replica simulated (default 600)")
+    p.add_argument("--rel-tol", type=float, default=0.05, help="bisection stops at hi/lo - 1 <= this (default 0.05)")
+    p.add_argument("--max-replicas", type=int, default=64, help="give up above this many replicas (default 64)")
+    p.add_argument(
+        "--gpu-hour-usd",
+        default=None,
+        metavar="CARD=PRICE,...",
+        help="price per GPU-hour, e.g. h100-sxm=2.5,h200=3.5: adds cost per million output tokens",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="cells planned in parallel worker processes (default 1)")
+    p.add_argument("--out", type=Path, required=True, help="results folder (receives plan.csv)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key"
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.kv import CapacityError
+    from sim.loader import ScenarioError
+    from sim.plan import check_plan, run_plan
+
+    try:
+        cfg = _config(args)
+        check_plan(cfg)
+        if args.out.exists() and not args.out.is_dir():
+            raise ScenarioError(f"--out {args.out}: exists and is not a folder; give a folder path")
+        args.out.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with _Progress(len(cfg.hardware) * len(cfg.policies), args.no_progress) as bar:
+            table = run_plan(cfg, args.jobs, on_sim=bar.on_sim, on_cell=bar.on_cell)
+        table.to_csv(args.out / "plan.csv", index=False)
+    except (ScenarioError, CapacityError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
+    print(format_plan(table))
+    print(f"\nwrote {args.out / 'plan.csv'}")
+    return 0
+
+
+def _config(args: argparse.Namespace):
+    from sim.loader import DEFAULT_SCENARIO, load_card, load_scenario
+    from sim.plan import PlanConfig
+    from sim.slo import parse_slo, slo_from_scenario
+
+    scenario = args.scenario or DEFAULT_SCENARIO
+    base = load_scenario(scenario, args.overrides)
+    slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
+    hardware = _names(args.hardware, "--hardware") if args.hardware else [base.hardware.name]
+    for name in hardware if args.hardware else []:
+        load_card("hardware", name)  # unknown card: ScenarioError listing the shipped ones
+    policies = _names(args.policies, "--policies") if args.policies else list(base.policies)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    return PlanConfig(
+        scenario=str(scenario),
+        slo=slo,
+        hardware=tuple(hardware),
+        policies=tuple(policies),
+        overrides=tuple(args.overrides),
+        target_rate_per_s=args.target_rate,
+        routers=tuple(_names(args.routers, "--routers")),
+        max_requests=args.max_requests or None,
+        rel_tol=args.rel_tol,
+        max_replicas=args.max_replicas,
+        gpu_hour_usd=_prices(args.gpu_hour_usd) if args.gpu_hour_usd else {},
+        swap_hardware=bool(args.hardware),
+    )
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"{flag}: expected comma-separated names, got {text!r}")
+    return names
+
+
+def _prices(text: str) -> dict[str, float]:
+    prices = {}
+    for item in _names(text, "--gpu-hour-usd"):
+        card, _, raw = item.partition("=")
+        try:
+            price = float(raw)
+        except ValueError:
+            price = math.nan
+        if not (math.isfinite(price) and price > 0):
+            raise ValueError(f"--gpu-hour-usd {card.strip()}: expected CARD=PRICE with a positive price, got {item!r}")
+        prices[card.strip()] = price
+    return prices
+
+
+class _Progress:
+    """A tqdm bar over cells; its postfix shows each simulation (serial runs only). ``hidden`` shows nothing."""
+
+    def __init__(self, num_cells: int, hidden: bool) -> None:
+        self.num_cells, self.hidden, self.bar = num_cells, hidden, None
+
+    def __enter__(self):
+        if not self.hidden:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.num_cells, desc="plan", unit="cell", file=sys.stderr)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def on_sim(self, hardware: str, policy: str, what: str, met: bool) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{hardware}/{policy}: {what} {'ok' if met else 'miss'}")
+
+    def on_cell(self, hardware: str, policy: str) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+
+def format_plan(table) -> str:
+    """plan.csv in display units."""
+    shown = table[["hardware", "policy"]].copy()
+    shown["max rate/s"] = table["max_rate_per_s"].round(3)
+    shown["TPOT p99 ms"] = (table["tpot_p99_s"].astype(float) * 1e3).round(1)
+    shown["TTFT p99 s"] = table["ttft_p99_s"].astype(float).round(2)
+    shown["tok/s"] = table["decode_tokens_per_s"].astype(float).round(0)
+    if table["target_rate_per_s"].notna().any():
+        shown["router"] = table["router"]
+        shown["replicas"] = table["replicas_for_target"].map(lambda n: "-" if n is None or n != n else int(n))
+        shown["meets"] = table["meets_slo"]
+        shown["fleet TPOT p99 ms"] = (table["cluster_tpot_p99_s"].astype(float) * 1e3).round(1)
+        shown["fleet TTFT p99 s"] = table["cluster_ttft_p99_s"].astype(float).round(2)
+    if table["usd_per_million_output_tokens"].notna().any():
+        shown["$/M out tok"] = table["usd_per_million_output_tokens"].astype(float).round(2)
+    shown["sims"] = table["num_simulations"]
+    return shown.to_string(index=False)

@@ -1,0 +1,204 @@
+"""``pulseinfer search``: tune a policy's knobs over a scenario's trace under a tail SLO (Optuna TPE)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+EPILOG = """\
+The space file names dotted scenario keys with {low, high[, log, step]} or {choices: [...]}; the
+shipped example is scenarios/spaces/pulseinfer.yaml (--space pulseinfer). Each trial simulates the
+searched policy once with the scenario's seed. OUT receives trials.csv (one row per trial), pareto.csv
+(feasible trials not dominated in decode tokens/s vs TPOT p99) and best.yaml: the whole scenario with
+the best trial's knobs and all of its policies, the tuned one first (so it reproduces the trial), runnable
+as `pulseinfer simulate OUT/best.yaml`.
+
+Resume: run the same command again; the study lives in --storage (default OUT/study.journal) and
+--trials is the total the study should reach, so an interrupted search continues where it stopped.
+
+Many machines, one study (PostgreSQL; `pip install psycopg2-binary` on each machine):
+  createdb -h dbhost pulseinfer            # once
+  # on every machine, same scenario, space, SLO and objective; a different --seed per machine:
+  pulseinfer search default --space pulseinfer --trials 200 --jobs 8 --seed $MACHINE_ID \\
+      --storage postgresql://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
+Every worker asks the database for its next trial, so trials are never duplicated or lost; workers
+stop once the study holds --trials finished trials (trials in flight on other machines may take it a
+few past). Each machine writes its OUT from the whole study; rerunning the command once the study is
+full runs nothing and rewrites OUT. A journal file on a shared file system (--storage
+/nfs/study.journal) works the same way without a database.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "search",
+        help="search a policy's knobs under an SLO (Optuna)",
+        description="Search a policy's knobs over a scenario's workload with Optuna (TPE): one simulation "
+        "per trial, the tail SLO as constraints, goodput or throughput as the objective, or a Pareto front of "
+        "throughput vs TPOT p99.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", default=None, help="scenario YAML path or shipped name (default: default)")
+    p.add_argument("--space", required=True, help="search space YAML, or a shipped space name (e.g. pulseinfer)")
+    p.add_argument(
+        "--slo",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="p99 targets over requests, e.g. tpot_p99_ms=50,ttft_p99_s=10 (default: the scenario's slo block)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["goodput", "throughput", "pareto"],
+        default="goodput",
+        help="goodput (req/s meeting the SLO), throughput (decode tok/s), or pareto (tok/s up, TPOT p99 down)",
+    )
+    p.add_argument("--trials", type=int, default=40, help="finished trials the study should hold (default 40)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="journal file path or RDB URL, e.g. postgresql://user:pw@host/db (default OUT/study.journal)",
+    )
+    p.add_argument("--study", default=None, help="study name (default <scenario>-<policy>-<objective>)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed; give each machine its own (default 0)")
+    p.add_argument("--out", type=Path, required=True, help="results folder")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set workload.max_requests=800",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.kv import CapacityError
+    from sim.loader import ScenarioError
+    from sim.search import StudyMismatch, collect_results, run_search
+    from sim.space import SpaceError
+
+    try:
+        cfg = _config(args)
+        started = time.perf_counter()
+        with _progress(args.trials, args.no_progress) as on_progress:
+            study = run_search(cfg, args.trials, args.jobs, on_progress=on_progress)
+        result = collect_results(study, cfg, args.out)
+    except (ScenarioError, SpaceError, StudyMismatch, CapacityError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print_report(cfg, result, time.perf_counter() - started)
+    if result.best is None:
+        print("error: no trial completed; see the error column of trials.csv", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _config(args: argparse.Namespace):
+    """Validate every input (scenario, SLO, space, storage) before any trial runs."""
+    from sim.loader import DEFAULT_SCENARIO, ScenarioError, load_scenario
+    from sim.search import SearchConfig, open_storage
+    from sim.slo import parse_slo, slo_from_scenario
+    from sim.space import check_space, load_space
+
+    if args.trials < 1 or args.jobs < 1:
+        raise ValueError(f"--trials ({args.trials}) and --jobs ({args.jobs}) must be >= 1")
+    scenario = args.scenario or DEFAULT_SCENARIO
+    base = load_scenario(scenario, args.overrides)
+    slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
+    space = load_space(args.space)
+    check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
+    if args.out.exists() and not args.out.is_dir():
+        raise ScenarioError(f"--out {args.out}: exists and is not a folder; give a folder path")
+    args.out.mkdir(parents=True, exist_ok=True)
+    storage = args.storage or str(args.out / "study.journal")
+    try:
+        open_storage(storage)
+    except Exception as exc:  # noqa: BLE001 -- drivers raise many types; all mean "cannot open"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
+    return SearchConfig(
+        scenario=str(scenario),
+        space=space,
+        slo=slo,
+        storage=storage,
+        study_name=args.study or f"{base.name}-{space.policy}-{args.objective}",
+        objective=args.objective,
+        overrides=tuple(args.overrides),
+        seed=args.seed,
+    )
+
+
+class _progress:
+    """Context manager yielding ``on_progress(num_finished)`` that drives a tqdm bar (or nothing)."""
+
+    def __init__(self, total: int, hidden: bool) -> None:
+        self.total, self.hidden, self.bar = total, hidden, None
+
+    def __enter__(self):
+        if self.hidden:
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, desc="trials", unit="trial", file=sys.stderr)
+
+        def on_progress(n: int) -> None:
+            if min(n, self.total) != self.bar.n:
+                self.bar.n = min(n, self.total)
+                self.bar.refresh()
+
+        return on_progress
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _print_report(cfg, result, wall_s: float) -> None:
+    from sim.search import OBJECTIVES
+
+    trials = result.trials
+    states = trials["state"].value_counts().to_dict()
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()))
+    print(
+        f"\nstudy {cfg.study_name}: {len(trials)} trials ({counts}); {int(trials['feasible'].sum())} meet "
+        f"the SLO {cfg.slo.describe()}; objective {cfg.objective}; {wall_s:.0f} s wall"
+    )
+    keys = [p.key for p in cfg.space.params]
+    if result.best is not None:
+        verdict = "best" if result.best_feasible else "no trial met the SLO; least violating"
+        print(f"\n{verdict}: trial {int(result.best['trial'])}")
+        print(_table(result.best.to_frame().T, keys))
+    feasible = trials[trials["feasible"]]
+    if len(feasible) > 1:
+        col = OBJECTIVES[cfg.objective][0][0]
+        top = feasible.sort_values([col, "trial"], ascending=[False, True]).head(5)
+        print(f"\ntop {len(top)} of {len(feasible)} trials meeting the SLO, by {col}:")
+        print(_table(top, keys))
+    print(f"\nPareto front (decode tok/s vs TPOT p99, feasible trials): {len(result.pareto)} trials")
+    if len(result.pareto):
+        print(_table(result.pareto, keys))
+    print(f"\nwrote {', '.join(str(f) for f in result.files)}")
+
+
+def _table(rows, keys: list[str]) -> str:
+    """Metrics in display units, then the parameters with short names."""
+    shown = rows[["trial"]].astype(int).copy()
+    shown["tok/s"] = rows["decode_tokens_per_s"].astype(float).round(0)
+    shown["goodput/s"] = rows["goodput_requests_per_s"].astype(float).round(3)
+    shown["TPOT p99 ms"] = (rows["tpot_p99_s"].astype(float) * 1e3).round(1)
+    shown["TTFT p99 s"] = rows["ttft_p99_s"].astype(float).round(2)
+    for key in keys:
+        shown[key.rsplit(".", 1)[-1]] = rows[key].map(lambda v: f"{v:.3g}" if isinstance(v, float) else v)
+    return shown.to_string(index=False)

@@ -1,0 +1,196 @@
+"""N replicas of one policy behind a router, in one SimPy environment.
+
+Flow: the router process walks the workload in arrival order; at each arrival it picks a replica,
+attaches a ``done`` event to the request and calls :meth:`Replica.submit`; after the last arrival it
+closes every replica. Each replica runs its own scheduler loop (:meth:`Replica.run`), pool, link and
+seeded generator, exactly as in a single-replica run, so a one-replica cluster *is* the single-replica
+simulation (replica 0 uses the same generator seed as :func:`sim.run.simulate_policy`).
+
+Routers (``ROUTERS``):
+
+- ``round_robin``: replica ``k mod N`` for the k-th request.
+- ``least_tokens``: the replica with the fewest outstanding tokens, i.e. prompt + output tokens of the
+  requests routed to it and not done yet (ties go to the lowest index). Model assumption: the router
+  knows each request's output length, as a length-predicting router would.
+
+In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → :class:`ClusterResult`
+(one request table with a ``replica`` column; one summary row over the cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.metrics import Recorder, requests_table, steps_table, summarize
+from sim.policies import make_policy
+from sim.run import collect_unfinished, min_event, unfinished_counts
+from sim.scheduler import Replica, Request
+from sim.specs import Scenario
+
+ROUTERS = ("round_robin", "least_tokens")
+
+
+class RoundRobinRouter:
+    """Replica ``k mod N`` for the k-th request."""
+
+    def __init__(self, num_replicas: int) -> None:
+        self.num_replicas = num_replicas
+        self.next = 0
+
+    def pick(self, tokens: int) -> int:
+        """Replica for a request of ``tokens`` prompt + output tokens."""
+        i = self.next
+        self.next = (i + 1) % self.num_replicas
+        return i
+
+    def release(self, replica: int, tokens: int) -> None:
+        """A request routed to ``replica`` is done (round robin keeps no load)."""
+
+
+class LeastTokensRouter:
+    """The replica with the fewest outstanding prompt + output tokens; ties go to the lowest index."""
+
+    def __init__(self, num_replicas: int) -> None:
+        self.outstanding = np.zeros(num_replicas, dtype=np.int64)
+
+    def pick(self, tokens: int) -> int:
+        """Replica for a request of ``tokens`` prompt + output tokens; counts them as outstanding there."""
+        i = int(np.argmin(self.outstanding))
+        self.outstanding[i] += tokens
+        return i
+
+    def release(self, replica: int, tokens: int) -> None:
+        """A request routed to ``replica`` is done: its tokens are no longer outstanding."""
+        self.outstanding[replica] -= tokens
+
+
+def make_router(kind: str, num_replicas: int) -> RoundRobinRouter | LeastTokensRouter:
+    """A router by name.
+
+    Raises:
+        ValueError: unknown ``kind`` or ``num_replicas`` < 1.
+    """
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if kind == "round_robin":
+        return RoundRobinRouter(num_replicas)
+    if kind == "least_tokens":
+        return LeastTokensRouter(num_replicas)
+    raise ValueError(f"router: unknown {kind!r} (known: {', '.join(ROUTERS)})")
+
+
+@dataclass
+class ClusterResult:
+    """One cluster run."""
+
+    requests: pd.DataFrame  # requests_table rows plus a ``replica`` column, by request_id
+    summary: dict  # SUMMARY_COLUMNS over the cluster + num_replicas, router, rejected, incomplete
+    routed: list[int]  # requests sent to each replica
+
+
+def simulate_cluster(
+    scenario: Scenario,
+    workload: pd.DataFrame,
+    policy_name: str,
+    num_replicas: int,
+    router: str = "round_robin",
+    seed_index: int = 0,
+) -> ClusterResult:
+    """Serve the workload with ``num_replicas`` replicas of one policy behind ``router``.
+
+    Summary over the cluster: latency percentiles and goodput over all requests; ``decode_tokens_per_s``
+    is the cluster's total; ``link_busy_frac`` and ``prefill_busy_frac`` are per-replica means;
+    ``peak_hbm_gib`` is the largest replica's peak.
+
+    Raises:
+        ValueError: unknown router or ``num_replicas`` < 1.
+        CapacityError: if the model does not fit in HBM.
+    """
+    picker = make_router(router, num_replicas)
+    env = simpy.Environment()
+    replicas, recs = [], []
+    for i in range(num_replicas):
+        rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
+        rec = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
+        replicas.append(Replica(env, scenario, make_policy(scenario, policy_name), [], rng, rec))
+        recs.append(rec)
+    reqs = _requests(workload)
+    routed = [0] * num_replicas
+    env.process(_route(env, replicas, reqs, picker, routed))
+    mains = env.all_of([env.process(r.run()) for r in replicas])
+    horizon = scenario.run.horizon_s
+    try:
+        env.run(until=mains if horizon is None else min_event(env, mains, horizon))
+        reason = "horizon"
+    except RuntimeError:  # SimPy: no events left before `until`
+        reason = "stuck"
+    for replica, rec in zip(replicas, recs):
+        collect_unfinished(replica, rec, reason)
+    return _cluster_result(scenario, policy_name, router, replicas, recs, routed, env.now)
+
+
+def _requests(workload: pd.DataFrame) -> list[Request]:
+    cols = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+    return [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in zip(*(workload[c] for c in cols))]
+
+
+def _route(
+    env: simpy.Environment,
+    replicas: list[Replica],
+    reqs: list[Request],
+    picker: RoundRobinRouter | LeastTokensRouter,
+    routed: list[int],
+) -> Generator[simpy.Event, object, None]:
+    """Submit each request at its arrival to the replica the router picks, then close every replica."""
+    for req in reqs:
+        if req.arrival_s > env.now:
+            yield env.timeout(req.arrival_s - env.now)
+        tokens = req.prompt_tokens + req.output_tokens
+        i = picker.pick(tokens)
+        routed[i] += 1
+        req.done = env.event()
+        req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
+        replicas[i].submit(req)
+    for replica in replicas:
+        replica.close()
+
+
+def _cluster_result(
+    scenario: Scenario,
+    policy_name: str,
+    router: str,
+    replicas: list[Replica],
+    recs: list[Recorder],
+    routed: list[int],
+    now_s: float,
+) -> ClusterResult:
+    tables = [requests_table(rec.requests).assign(replica=i) for i, rec in enumerate(recs)]
+    requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
+    steps = pd.concat([steps_table(rec) for rec in recs], ignore_index=True)
+    merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
+    merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
+    merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
+    merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
+    end_s = now_s if scenario.run.horizon_s is not None else float(requests["finish_s"].max())
+    if np.isnan(end_s):
+        end_s = now_s
+    first = replicas[0]
+    summary = summarize(
+        policy_name,
+        requests,
+        steps,
+        merged,
+        scenario.slo,
+        first.fixed_hbm_bytes,
+        first.block_bytes,
+        end_s,
+        max(r.device.peak for r in replicas),
+    )
+    summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
+    summary.update(num_replicas=len(replicas), router=router, **unfinished_counts(requests))
+    return ClusterResult(requests, summary, routed)

@@ -1,0 +1,328 @@
+"""Capacity planning: the highest request rate one replica sustains under a tail SLO, and the fewest
+replicas that serve a target rate, for each hardware × policy (after Vidur-Search).
+
+Per (hardware, policy) cell:
+
+1. **Max rate per replica.** The workload is the scenario's trace cut to its first ``max_requests``
+   requests and replayed at a rate ``r`` (``workload.target_rate_per_s = r``, i.e. a time scale on the
+   trace's own clock). Starting from the slice's rate as the scenario replays it, the rate doubles (or halves) until a
+   feasible and an infeasible rate bracket the boundary, then bisects geometrically until
+   ``hi / lo - 1 <= rel_tol``. The answer is the highest rate *simulated* and found feasible; 0.0 when
+   even ``start / 2**max_steps`` misses the SLO (checked first when ``start`` misses it, so a hopeless
+   cell costs two simulations). Model assumption: feasibility falls with rate
+   (bisection needs it; a simulator with retraction can be non-monotone near the knee).
+2. **Replicas for a target rate** (if given). Simulate N replicas behind each router (``sim/cluster.py``)
+   on ``max_requests × N`` requests (so every replica sees about as many requests as in step 1) at the
+   target rate. N starts at ``ceil(target / max_rate)`` (the next router starts at the previous one's
+   answer), gallops down (or up) by 1, 2, 4 … until a count that meets and one that misses the SLO
+   bracket the answer, then bisects (at most ``max_replicas``).
+
+Every simulation uses the scenario's seed, so a plan is deterministic. In → out:
+``run_plan(PlanConfig) -> DataFrame`` with :data:`PLAN_COLUMNS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+import pandas as pd
+
+from sim.cluster import ROUTERS, simulate_cluster
+from sim.kv import device_pool_blocks
+from sim.loader import ScenarioError, load_scenario
+from sim.run import load_workload, policy_summary
+from sim.slo import TailSlo
+
+PLAN_COLUMNS = [
+    "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
+    "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
+    "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
+    "usd_per_million_output_tokens",
+]  # fmt: skip
+
+# Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
+OnSim = Callable[[str, str, str, bool], None]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What to plan. ``overrides`` are the user's ``--set`` items; the SLO's are added per run."""
+
+    scenario: str
+    slo: TailSlo
+    hardware: tuple[str, ...]
+    policies: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+    target_rate_per_s: float | None = None
+    routers: tuple[str, ...] = ROUTERS
+    max_requests: int | None = 600  # requests per replica; None = the scenario's workload as is
+    rel_tol: float = 0.05  # bisection stops when hi / lo - 1 <= rel_tol
+    max_steps: int = 8  # doublings (or halvings) while bracketing: rates in [start / 2**8, start * 2**8]
+    max_replicas: int = 64
+    gpu_hour_usd: dict[str, float] = field(default_factory=dict)  # hardware card name → $ per GPU-hour
+    swap_hardware: bool = True  # False: ``hardware`` is just the scenario's own card's name, not applied
+
+
+@dataclass
+class Bisection:
+    """Result of :func:`bisect_max_rate`."""
+
+    rate: float  # highest feasible rate simulated; 0.0 if none was
+    tested: list[tuple[float, bool]]  # (rate, feasible) in the order simulated
+    capped: bool = False  # still feasible at start × 2**max_steps
+
+
+def bisect_max_rate(feasible: Callable[[float], bool], start: float, rel_tol: float, max_steps: int) -> Bisection:
+    """Highest rate at which ``feasible`` holds, assuming it holds below some rate and fails above.
+
+    Raises:
+        ValueError: if ``start`` or ``rel_tol`` is not positive.
+    """
+    if not (start > 0 and rel_tol > 0):
+        raise ValueError(f"start ({start}) and rel_tol ({rel_tol}) must be > 0")
+    tested: list[tuple[float, bool]] = []
+
+    def check(rate: float) -> bool:
+        ok = feasible(rate)
+        tested.append((rate, ok))
+        return ok
+
+    lo = hi = start
+    if check(start):
+        for _ in range(max_steps):
+            hi = lo * 2
+            if not check(hi):
+                break
+            lo = hi
+        else:
+            return Bisection(lo, tested, capped=True)
+    else:
+        floor = start / 2**max_steps
+        if not check(floor):  # missed even when nearly idle (e.g. prefill alone breaks the TTFT bound)
+            return Bisection(0.0, tested)
+        while True:
+            lo = hi / 2
+            if lo <= floor:
+                lo = floor
+                break
+            if check(lo):
+                break
+            hi = lo
+    while hi / lo - 1 > rel_tol:
+        mid = math.sqrt(lo * hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Bisection(lo, tested)
+
+
+class CellPlanner:
+    """Simulations of one (hardware, policy) cell; results are memoised by rate and replica count."""
+
+    def __init__(self, cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> None:
+        self.cfg, self.hardware, self.policy = cfg, hardware, policy
+        self.on_sim = on_sim or (lambda *_: None)
+        # The card goes first, so --set hardware.* tweaks apply to every card.
+        card = [f"hardware={hardware}"] if cfg.swap_hardware else []
+        self.base = [*card, *cfg.overrides, *cfg.slo.scenario_overrides(), f"policies={policy}"]
+        self.num_simulations = 0
+        self._single: dict[float, dict] = {}
+
+    def scenario(self, num_requests: int | None, rate: float | None):
+        """The cell's scenario with a request cap and (if given) the rate applied."""
+        extra = [] if num_requests is None else [f"workload.max_requests={num_requests}"]
+        if rate is not None:
+            extra += ["workload.time_scale=1", f"workload.target_rate_per_s={rate!r}"]
+        return load_scenario(self.cfg.scenario, [*self.base, *extra])
+
+    def start_rate(self) -> float:
+        """The arrival rate of the request slice as the scenario replays it, (n - 1) / span.
+
+        Raises:
+            ScenarioError: if the slice has fewer than two distinct arrival times.
+        """
+        arrivals = load_workload(self.scenario(self.cfg.max_requests, None))["arrival_s"]
+        span = float(arrivals.iloc[-1] - arrivals.iloc[0])
+        if len(arrivals) < 2 or span <= 0:
+            raise ScenarioError(f"plan: the workload needs >= 2 requests with distinct arrivals, got {len(arrivals)}")
+        return (len(arrivals) - 1) / span
+
+    def single(self, rate: float) -> dict:
+        """Summary (+ rejected, incomplete) of one replica at ``rate``."""
+        if rate not in self._single:
+            scenario = self.scenario(self.cfg.max_requests, rate)
+            summary = policy_summary(scenario, load_workload(scenario), self.policy)
+            self.num_simulations += 1
+            self.on_sim(self.hardware, self.policy, f"1 replica @ {rate:.3g}/s", self.cfg.slo.met(summary))
+            self._single[rate] = summary
+        return self._single[rate]
+
+    def cluster(self, num_replicas: int, router: str) -> dict:
+        """Cluster summary of ``num_replicas`` replicas behind ``router`` at the target rate."""
+        per_replica = self.cfg.max_requests
+        num_requests = None if per_replica is None else per_replica * num_replicas
+        scenario = self.scenario(num_requests, self.cfg.target_rate_per_s)
+        result = simulate_cluster(scenario, load_workload(scenario), self.policy, num_replicas, router)
+        self.num_simulations += 1
+        met = self.cfg.slo.met(result.summary)
+        self.on_sim(self.hardware, self.policy, f"{num_replicas} x {router}", met)
+        return result.summary
+
+    def fewest_replicas(self, router: str, start: int) -> tuple[int | None, dict]:
+        """Fewest replicas behind ``router`` meeting the SLO at the target rate, searched from ``start``.
+
+        Gallops away from ``start`` (±1, ±2, ±4 …) until a meeting and a missing count bracket the answer,
+        then bisects; assumes more replicas never miss an SLO that fewer met. None above ``max_replicas``.
+        """
+        cap, met = self.cfg.max_replicas, self.cfg.slo.met
+        summaries: dict[int, dict] = {}
+
+        def meets(n: int) -> bool:
+            if n not in summaries:
+                summaries[n] = self.cluster(n, router)
+            return met(summaries[n])
+
+        n = min(cap, max(1, start))
+        lo, hi, step = 0, None, 1  # lo: largest count known to miss (0: trivially); hi: smallest known to meet
+        if meets(n):
+            hi = n
+            while hi - step >= 1 and meets(hi - step):
+                hi, step = hi - step, step * 2
+            lo = max(lo, hi - step)
+        else:
+            lo = n
+            while hi is None:
+                if lo >= cap:
+                    return None, summaries[lo]
+                candidate = min(cap, lo + step)
+                if meets(candidate):
+                    hi = candidate
+                else:
+                    lo, step = candidate, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if meets(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi, summaries[hi]
+
+
+def check_plan(cfg: PlanConfig) -> None:
+    """Fail fast, before any simulation: every cell's scenario loads and its model fits on its hardware.
+
+    Raises:
+        ScenarioError: bad scenario, override, hardware card or policy name.
+        CapacityError: the model does not fit on one of the hardware cards.
+        ValueError: a bad router, ``max_requests``, ``rel_tol``, ``max_replicas`` or target rate.
+    """
+    bad_routers = [r for r in cfg.routers if r not in ROUTERS]
+    if bad_routers or not cfg.routers:
+        raise ValueError(f"--routers: unknown {bad_routers or cfg.routers!r} (known: {', '.join(ROUTERS)})")
+    if cfg.target_rate_per_s is not None and not cfg.target_rate_per_s > 0:
+        raise ValueError(f"--target-rate: must be > 0, got {cfg.target_rate_per_s}")
+    if (cfg.max_requests is not None and cfg.max_requests < 2) or not cfg.rel_tol > 0 or cfg.max_replicas < 1:
+        raise ValueError(
+            f"--max-requests ({cfg.max_requests}) must be >= 2, --rel-tol ({cfg.rel_tol}) > 0 and "
+            f"--max-replicas ({cfg.max_replicas}) >= 1"
+        )
+    for hardware in cfg.hardware:
+        for policy in cfg.policies:
+            scenario = CellPlanner(cfg, hardware, policy).scenario(cfg.max_requests, None)
+            device_pool_blocks(scenario.model, scenario.hardware, scenario.policy[policy].block_size)
+
+
+def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> list[dict]:
+    """Rows of :data:`PLAN_COLUMNS` for one (hardware, policy): one per router with a target rate, else one.
+
+    Raises:
+        ScenarioError: bad scenario, hardware or policy name.
+        CapacityError: the model does not fit on the hardware.
+    """
+    cell = CellPlanner(cfg, hardware, policy, on_sim)
+    found = bisect_max_rate(lambda r: cfg.slo.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
+    at_max = cell.single(found.rate) if found.rate > 0 else {}
+    price = cfg.gpu_hour_usd.get(hardware)
+    base = {
+        "hardware": hardware,
+        "policy": policy,
+        "max_rate_per_s": found.rate,
+        "tpot_p99_s": at_max.get("tpot_p99_s", math.nan),
+        "ttft_p99_s": at_max.get("ttft_p99_s", math.nan),
+        "decode_tokens_per_s": at_max.get("decode_tokens_per_s", math.nan),
+        "target_rate_per_s": cfg.target_rate_per_s,
+        "gpu_hour_usd": price,
+    }
+    if cfg.target_rate_per_s is None:
+        cost = _usd_per_million(price, 1, base["decode_tokens_per_s"])
+        row = {**base, "router": "", "meets_slo": found.rate > 0, "usd_per_million_output_tokens": cost}
+        return _finish_rows([row], cell)
+    rows = []
+    # One replica misses the SLO even when idle: more replicas cannot help.
+    start = math.ceil(cfg.target_rate_per_s / found.rate) if found.rate > 0 else None
+    for router in cfg.routers:
+        n, summary = cell.fewest_replicas(router, start) if start else (None, {})
+        start = n or start  # the next router starts from this one's answer
+        tokens_per_s = summary.get("decode_tokens_per_s", math.nan) if n else math.nan
+        row = {
+            **base,
+            "router": router,
+            "replicas_for_target": n,
+            "meets_slo": n is not None,
+            "cluster_tpot_p99_s": summary.get("tpot_p99_s", math.nan),
+            "cluster_ttft_p99_s": summary.get("ttft_p99_s", math.nan),
+            "cluster_decode_tokens_per_s": tokens_per_s,
+            "usd_per_million_output_tokens": _usd_per_million(price, n or 0, tokens_per_s),
+        }
+        rows.append(row)
+    return _finish_rows(rows, cell)
+
+
+def _finish_rows(rows: list[dict], cell: CellPlanner) -> list[dict]:
+    """Rows in :data:`PLAN_COLUMNS` order; ``num_simulations`` counts the whole cell."""
+    return [{col: {**row, "num_simulations": cell.num_simulations}.get(col) for col in PLAN_COLUMNS} for row in rows]
+
+
+def _usd_per_million(price: float | None, num_gpus: int, tokens_per_s: float) -> float | None:
+    """GPU cost of a million output tokens at ``tokens_per_s`` on ``num_gpus`` GPUs."""
+    if price is None or not num_gpus or not tokens_per_s or math.isnan(tokens_per_s):
+        return None
+    return price * num_gpus / 3600.0 / tokens_per_s * 1e6
+
+
+def run_plan(
+    cfg: PlanConfig,
+    jobs: int = 1,
+    on_sim: OnSim | None = None,
+    on_cell: Callable[[str, str], None] | None = None,
+) -> pd.DataFrame:
+    """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes.
+
+    Args:
+        on_sim: called after each simulation (serial runs only).
+        on_cell: called with (hardware, policy) as each cell finishes.
+
+    Raises:
+        ScenarioError, CapacityError: from the first cell that fails.
+    """
+    cells = [(h, p) for h in cfg.hardware for p in cfg.policies]
+    results: dict[tuple[str, str], list[dict]] = {}
+    if jobs <= 1 or len(cells) == 1:
+        for h, p in cells:
+            results[h, p] = plan_cell(cfg, h, p, on_sim)
+            if on_cell:
+                on_cell(h, p)
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_cell:
+                    on_cell(*futures[future])
+    rows = [row for cell in cells for row in results[cell]]
+    return pd.DataFrame(rows, columns=PLAN_COLUMNS)

@@ -1,0 +1,403 @@
+"""Policy search with Optuna: one simulation per trial, tail SLO as constraints, TPE sampling.
+
+Lifecycle of ``run_search(cfg, total_trials, jobs)``:
+
+1. :func:`prepare_study` opens the storage (a journal file, or an RDB URL such as
+   ``postgresql://user:pw@host/db``), creates the study or loads it, and checks that a loaded study was
+   made with the same objective, space, SLO and base scenario (resuming with other settings is an error).
+2. The trials still missing (``total_trials`` minus the study's finished ones) are split over ``jobs``
+   worker processes. Each worker loads the same study with its own seeded TPE sampler and runs its share,
+   stopping early once the study holds ``total_trials`` finished trials (other machines may be adding).
+3. A trial draws the space's parameters, applies them as ``--set`` items, simulates the searched policy
+   once with the scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric
+   as a user attribute. Objective: ``goodput`` (requests/s meeting the per-request SLO), ``throughput``
+   (decode tokens/s), or ``pareto`` (maximise decode tokens/s, minimise TPOT p99). Constraints:
+   :meth:`sim.slo.TailSlo.violations` (<= 0 is feasible). A parameter combination the scenario rejects
+   fails the trial (state ``FAIL``, ``error`` column) and the sampler moves on.
+4. :func:`collect_results` turns the study into ``trials.csv`` (one row per trial), ``pareto.csv``
+   (feasible trials not dominated in (decode tokens/s up, TPOT p99 down)) and ``best.yaml``.
+
+Determinism: a trial's metrics depend only on its parameters (fixed simulation seed). With one job on
+a fresh study the sampler seed is a function of ``cfg.seed``, so the whole search repeats exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+import yaml
+
+from sim.kv import CapacityError
+from sim.loader import ScenarioError, load_scenario, policy_presets
+from sim.metrics import SUMMARY_COLUMNS
+from sim.run import load_workload, policy_summary
+from sim.slo import TailSlo
+from sim.space import SearchSpace, override
+
+# objective name → ((summary column, direction), ...)
+OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
+    "goodput": (("goodput_requests_per_s", "maximize"),),
+    "throughput": (("decode_tokens_per_s", "maximize"),),
+    "pareto": (("decode_tokens_per_s", "maximize"), ("tpot_p99_s", "minimize")),
+}
+METRIC_COLUMNS = [c for c in SUMMARY_COLUMNS if c != "policy"] + ["rejected", "incomplete"]
+FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+# Optuna >= 5 records constraints per trial (Trial.set_constraint); older versions need constraints_func.
+HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
+STUDY_ATTR = "pulseinfer"  # study user attribute holding the settings a resume must match
+Evaluate = Callable[[dict[str, Any]], dict[str, float]]
+
+
+class InvalidTrial(ValueError):
+    """The trial's parameters make an invalid scenario (or one that does not fit); the trial fails."""
+
+
+class StudyMismatch(ValueError):
+    """An existing study was created with other settings."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything a worker needs (picklable; sent to worker processes)."""
+
+    scenario: str
+    space: SearchSpace
+    slo: TailSlo
+    storage: str  # journal file path, or an RDB URL (contains "://")
+    study_name: str
+    objective: str = "goodput"
+    overrides: tuple[str, ...] = ()  # the user's --set items
+    seed: int = 0  # sampler seed; trials always simulate with the scenario's own seed
+
+    def base_overrides(self) -> list[str]:
+        """User overrides, then the SLO's (goodput uses the same bounds)."""
+        return [*self.overrides, *self.slo.scenario_overrides()]
+
+    def trial_overrides(self, params: dict[str, Any]) -> list[str]:
+        """Overrides of one trial: base, searched policy only, then the parameters."""
+        return [*self.base_overrides(), f"policies={self.space.policy}", *(override(k, v) for k, v in params.items())]
+
+
+class SimulationEvaluator:
+    """``params → metrics``: load the trial's scenario and simulate the searched policy once.
+
+    The workload is cached by its spec (a search rarely changes it), so a trial costs one simulation.
+    """
+
+    def __init__(self, cfg: SearchConfig) -> None:
+        self.cfg = cfg
+        self._workloads: dict[str, pd.DataFrame] = {}
+
+    def __call__(self, params: dict[str, Any]) -> dict[str, float]:
+        try:
+            scenario = load_scenario(self.cfg.scenario, self.cfg.trial_overrides(params))
+        except ScenarioError as exc:
+            raise InvalidTrial(str(exc)) from None
+        key = f"{scenario.seed}:{scenario.workload.model_dump_json()}"
+        if key not in self._workloads:
+            self._workloads[key] = load_workload(scenario)
+        try:
+            return policy_summary(scenario, self._workloads[key], self.cfg.space.policy)
+        except CapacityError as exc:
+            raise InvalidTrial(str(exc)) from None
+
+
+def open_storage(storage: str) -> optuna.storages.BaseStorage:
+    """An Optuna storage: an RDB URL (``sqlite:///x.db``, ``postgresql://user:pw@host/db``) or a journal
+    file path (created if missing; safe for several processes on one file system)."""
+    if "://" in storage:
+        return optuna.storages.RDBStorage(storage)
+    try:
+        from optuna.storages.journal import JournalFileBackend
+    except ImportError:  # optuna < 4.0
+        from optuna.storages import JournalFileStorage as JournalFileBackend
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(storage)))
+
+
+def study_settings(cfg: SearchConfig) -> dict[str, str]:
+    """What a resumed study must share: objective, space, SLO and a hash of the resolved base scenario."""
+    scenario = load_scenario(cfg.scenario, [*cfg.base_overrides(), f"policies={cfg.space.policy}"])
+    digest = hashlib.sha256(scenario.model_dump_json().encode()).hexdigest()[:16]
+    return {"objective": cfg.objective, "space": cfg.space.signature(), "slo": cfg.slo.describe(), "scenario": digest}
+
+
+def prepare_study(cfg: SearchConfig) -> optuna.Study:
+    """Create the study, or load it and check its settings.
+
+    Raises:
+        StudyMismatch: the existing study has other settings (the message names the first that differs).
+    """
+    directions = [d for _, d in OBJECTIVES[cfg.objective]]
+    settings = study_settings(cfg)
+    study = optuna.create_study(
+        storage=open_storage(cfg.storage), study_name=cfg.study_name, directions=directions, load_if_exists=True
+    )
+    recorded = study.user_attrs.get(STUDY_ATTR)
+    if recorded is None:
+        if [d.name.lower() for d in study.directions] != directions:
+            raise StudyMismatch(f"--study {cfg.study_name}: exists with other directions; use another --study")
+        study.set_user_attr(STUDY_ATTR, settings)
+        return study
+    for name, value in settings.items():
+        if recorded.get(name) != value:
+            raise StudyMismatch(
+                f"--study {cfg.study_name}: was created with another {name} "
+                f"({recorded.get(name)!r} vs {value!r}); resume with the same settings or use another --study"
+            )
+    return study
+
+
+def num_finished(study: optuna.Study) -> int:
+    """Trials that ran to an end (complete, failed or pruned)."""
+    return len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+
+
+def make_sampler(cfg: SearchConfig, num_existing: int, worker_index: int) -> optuna.samplers.TPESampler:
+    """A TPE sampler with the SLO constraints; its seed mixes cfg.seed, the study's size at start and the
+    worker, so resumed runs and parallel workers draw different startup points."""
+    seed = int(np.random.SeedSequence([cfg.seed, num_existing, worker_index]).generate_state(1)[0])
+    if HAS_SET_CONSTRAINT:
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, constraints_func=_recorded_constraints)
+
+
+def _recorded_constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+    return trial.user_attrs["constraints"]
+
+
+def objective(trial: optuna.Trial, cfg: SearchConfig, evaluate: Evaluate) -> float | tuple[float, ...]:
+    """One trial: draw parameters, simulate, record metrics and constraints, return the objective(s).
+
+    Raises:
+        InvalidTrial: the parameters make an invalid scenario (the trial fails; ``error`` user attribute).
+    """
+    params = {p.key: p.suggest(trial) for p in cfg.space.params}
+    try:
+        metrics = evaluate(params)
+    except InvalidTrial as exc:
+        trial.set_user_attr("error", str(exc))
+        raise
+    metrics = {k: _plain(metrics.get(k)) for k in METRIC_COLUMNS}
+    trial.set_user_attr("metrics", metrics)
+    constraints = cfg.slo.violations({k: _nan(v) for k, v in metrics.items()})
+    trial.set_user_attr("constraints", list(constraints.values()))
+    if HAS_SET_CONSTRAINT:
+        for name, value in constraints.items():
+            trial.set_constraint(name, value)
+    values = []
+    for col, direction in OBJECTIVES[cfg.objective]:
+        value = _nan(metrics[col])
+        values.append((math.inf if direction == "minimize" else -math.inf) if math.isnan(value) else value)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def run_worker(
+    cfg: SearchConfig,
+    num_trials: int,
+    total_trials: int,
+    num_existing: int,
+    worker_index: int = 0,
+    evaluate: Evaluate | None = None,
+    on_trial: Callable[[int], None] | None = None,
+) -> None:
+    """Run up to ``num_trials`` trials on the study, stopping once it holds ``total_trials`` finished ones.
+
+    Args:
+        evaluate: ``params -> metrics``; default :class:`SimulationEvaluator` (tests pass toy functions).
+        on_trial: called with the study's finished-trial count after each trial.
+    """
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    evaluate = evaluate or SimulationEvaluator(cfg)
+    sampler = make_sampler(cfg, num_existing, worker_index)
+    study = optuna.load_study(study_name=cfg.study_name, storage=open_storage(cfg.storage), sampler=sampler)
+    for _ in range(num_trials):
+        if num_finished(study) >= total_trials:
+            break
+        study.optimize(lambda t: objective(t, cfg, evaluate), n_trials=1, catch=(InvalidTrial,))
+        if on_trial:
+            on_trial(num_finished(study))
+
+
+def run_search(
+    cfg: SearchConfig,
+    total_trials: int,
+    jobs: int = 1,
+    evaluate: Evaluate | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> optuna.Study:
+    """Bring the study to ``total_trials`` finished trials with ``jobs`` worker processes (1 = in process).
+
+    Args:
+        on_progress: called with the finished-trial count as it grows.
+
+    Raises:
+        StudyMismatch: resuming a study made with other settings.
+        ValueError: ``total_trials`` or ``jobs`` < 1.
+    """
+    if total_trials < 1 or jobs < 1:
+        raise ValueError(f"--trials ({total_trials}) and --jobs ({jobs}) must be >= 1")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = prepare_study(cfg)
+    existing = len(study.get_trials(deepcopy=False))
+    missing = max(0, total_trials - num_finished(study))
+    if on_progress:
+        on_progress(num_finished(study))
+    shares = [missing // jobs + (i < missing % jobs) for i in range(jobs)]
+    if jobs == 1 or missing <= 1:
+        run_worker(cfg, missing, total_trials, existing, 0, evaluate, on_progress)
+        return study
+    ctx = get_context("spawn")  # no fork: workers start clean, as they would on another machine
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [
+            pool.submit(run_worker, cfg, share, total_trials, existing, i, evaluate)
+            for i, share in enumerate(shares)
+            if share
+        ]
+        while not all(f.done() for f in futures):
+            time.sleep(0.5)
+            if on_progress:
+                on_progress(num_finished(study))
+        for f in futures:
+            f.result()  # re-raise a worker's exception
+    if on_progress:
+        on_progress(num_finished(study))
+    return study
+
+
+@dataclass
+class SearchResult:
+    """Tables of a study."""
+
+    trials: pd.DataFrame  # one row per trial: trial, state, feasible, violation, objective, params, metrics, error
+    pareto: pd.DataFrame  # feasible, non-dominated trials (rows of ``trials``)
+    best: pd.Series | None  # the chosen trial (None if no trial completed)
+    best_feasible: bool = False
+    files: list[Path] = field(default_factory=list)
+
+
+def trials_table(study: optuna.Study, cfg: SearchConfig) -> pd.DataFrame:
+    """One row per trial of the study, by trial number."""
+    keys = [p.key for p in cfg.space.params]
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        metrics = t.user_attrs.get("metrics") or {}
+        constraints = t.user_attrs.get("constraints")
+        complete = t.state == optuna.trial.TrialState.COMPLETE
+        row = {
+            "trial": t.number,
+            "state": t.state.name,
+            "feasible": bool(complete and constraints is not None and all(c <= 0 for c in constraints)),
+            "violation": sum(max(c, 0.0) for c in constraints) if constraints is not None else math.nan,
+        }
+        row.update({k: t.params.get(k) for k in keys})
+        row.update({k: _nan(metrics.get(k)) for k in METRIC_COLUMNS})
+        row["error"] = t.user_attrs.get("error", "")
+        rows.append(row)
+    columns = ["trial", "state", "feasible", "violation", *keys, *METRIC_COLUMNS, "error"]
+    return pd.DataFrame(rows, columns=columns).sort_values("trial", kind="stable").reset_index(drop=True)
+
+
+def pareto_front(trials: pd.DataFrame) -> pd.DataFrame:
+    """Feasible trials not dominated in (decode_tokens_per_s higher, tpot_p99_s lower), by throughput."""
+    ok = trials[trials["feasible"] & trials["decode_tokens_per_s"].notna() & trials["tpot_p99_s"].notna()]
+    thr, tpot = ok["decode_tokens_per_s"].to_numpy(), ok["tpot_p99_s"].to_numpy()
+    keep = [
+        not np.any((thr >= thr[i]) & (tpot <= tpot[i]) & ((thr > thr[i]) | (tpot < tpot[i]))) for i in range(len(ok))
+    ]
+    front = ok[np.array(keep, dtype=bool)] if len(ok) else ok
+    return front.sort_values(["decode_tokens_per_s", "trial"], ascending=[False, True]).reset_index(drop=True)
+
+
+def pick_best(trials: pd.DataFrame, cfg: SearchConfig) -> tuple[pd.Series | None, bool]:
+    """The best feasible trial (objective; pareto: highest throughput on the front; ties: lower TPOT p99,
+    then earlier trial), or, when none is feasible, the completed trial with the least SLO violation.
+
+    Returns:
+        (row or None if nothing completed, whether it is feasible)
+    """
+    done = trials[trials["state"] == "COMPLETE"]
+    if done.empty:
+        return None, False
+    feasible = done[done["feasible"]]
+    if feasible.empty:
+        return done.sort_values(["violation", "trial"]).iloc[0], False
+    col = OBJECTIVES[cfg.objective][0][0]
+    ranked = feasible.assign(_tpot=feasible["tpot_p99_s"].fillna(math.inf))
+    ranked = ranked.sort_values([col, "_tpot", "trial"], ascending=[False, True, True])
+    return ranked.drop(columns="_tpot").iloc[0], True
+
+
+def best_scenario_yaml(cfg: SearchConfig, params: dict[str, Any], trial: int, feasible: bool) -> str:
+    """A complete scenario with the best trial's parameters applied, keeping *all* of the scenario's
+    policies with the tuned one first, so ``pulseinfer simulate best.yaml`` reproduces the trial's numbers
+    and compares them with the baselines. Policies that are not shipped presets get a ``preset`` of their
+    kind; every knob is written out, so the preset contributes nothing."""
+    base = load_scenario(cfg.scenario, cfg.base_overrides())
+    # The tuned policy goes first: each policy's generator is seeded by its position, so position 0
+    # reproduces the trial (which simulated that policy alone) exactly.
+    policies = [cfg.space.policy, *(p for p in base.policies if p != cfg.space.policy)]
+    scenario = load_scenario(
+        cfg.scenario,
+        [*cfg.base_overrides(), f"policies={','.join(policies)}", *(override(k, v) for k, v in params.items())],
+    )
+    data = scenario.model_dump(mode="json")
+    presets = set(policy_presets())
+    for name, entry in data["policy"].items():
+        if name not in presets:
+            data["policy"][name] = {"preset": "sglang" if entry["kind"] == "dense" else "pulseinfer", **entry}
+    verdict = "meets the SLO" if feasible else "NO trial met the SLO; this is the least-violating one"
+    header = [
+        f"# pulseinfer search: best trial {trial} of study {cfg.study_name!r} "
+        f"(objective {cfg.objective}, SLO {cfg.slo.describe()}): {verdict}.",
+        f"# Tuned policy: {cfg.space.policy}; " + ", ".join(f"{k}={v}" for k, v in params.items()),
+        "# All of the scenario's policies are kept, the tuned one first (it reproduces the trial exactly).",
+        "# Run: pulseinfer simulate best.yaml",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False)
+
+
+def collect_results(study: optuna.Study, cfg: SearchConfig, out_dir: Path | None = None) -> SearchResult:
+    """Tables of the study; with ``out_dir``, write trials.csv, pareto.csv and (if a trial completed) best.yaml."""
+    trials = trials_table(study, cfg)
+    result = SearchResult(trials, pareto_front(trials), *pick_best(trials, cfg))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trials.to_csv(out_dir / "trials.csv", index=False)
+        result.pareto.to_csv(out_dir / "pareto.csv", index=False)
+        result.files = [out_dir / "trials.csv", out_dir / "pareto.csv"]
+        if result.best is not None:
+            number = int(result.best["trial"])
+            params = next(t.params for t in study.get_trials(deepcopy=False) if t.number == number)
+            (out_dir / "best.yaml").write_text(best_scenario_yaml(cfg, params, number, result.best_feasible))
+            result.files.append(out_dir / "best.yaml")
+    return result
+
+
+def _plain(value: Any) -> float | int | None:
+    """A JSON-friendly number (NaN → None) for a trial's user attributes."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else value
