@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from pulseinfer.commands import add_overrides
+
 EXIT_BAD_INPUT = 2
 
 EPILOG = """\
@@ -49,9 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=int, default=1, help="cells planned in parallel worker processes (default 1)")
     p.add_argument("--out", type=Path, required=True, help="results folder (receives plan.csv)")
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key"
-    )
+    add_overrides(p, "workload.max_requests=800")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from pulseinfer.commands import add_overrides
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
@@ -68,14 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--study", default=None, help="study name (default <scenario>-<policy>-<objective>)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed; give each machine its own (default 0)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key, e.g. --set workload.max_requests=800",
-    )
+    add_overrides(p, "workload.max_requests=800")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import plot
+from pulseinfer.commands import add_overrides, plot
 
 EXIT_BAD_INPUT = 2
 
@@ -26,14 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="scenario YAML path or shipped scenario name (default: the shipped 'default' scenario)",
     )
     p.add_argument("--out", type=Path, default=None, help="results folder (default: results/<scenario name>)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario key, e.g. --set workload.time_scale=0.5 --set policies=sglang,pulseinfer",
-    )
+    add_overrides(p, "workload.time_scale=0.5 --set policies=sglang,pulseinfer")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--plots", action="store_true", help="draw the figures into OUT/plots after the run")
     plot.add_format_arguments(p)
