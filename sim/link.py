@@ -47,24 +47,19 @@ class LinkModel:
         self.d2h_bps = hardware.d2h_bandwidth_gbps * 1e9
         self.d2h_coupling = hardware.d2h_coupling
 
+    # The scalar methods below are the per-layer formulas of :meth:`layer_times` for one value, so the
+    # tests of these formulas exercise the code the simulator runs.
     def transfer_s(self, size_bytes: float) -> float:
         """Seconds for one transfer of ``size_bytes`` (0 for an empty one)."""
-        if size_bytes <= 0:
-            return 0.0
-        if self.log_sizes is None:
-            return self.t0_s + size_bytes / self.bps
-        bps = float(np.interp(np.log(size_bytes), self.log_sizes, self.table_bps))
-        return size_bytes / bps
+        return float(self.copies_s(np.array([size_bytes], dtype=float))[0])
 
     def fragments_s(self, num_fragments: float, fragment_bytes: float) -> float:
         """Seconds for ``num_fragments`` separate copies of ``fragment_bytes`` each (per_fragment I/O)."""
-        return num_fragments * self.transfer_s(fragment_bytes) if num_fragments > 0 else 0.0
+        return float(self.layer_times([num_fragments * fragment_bytes], [num_fragments], "per_fragment")[1][0])
 
     def gather_s(self, num_fragments: float, nbytes: float) -> float:
         """Host seconds to gather ``num_fragments`` fragments totalling ``nbytes`` into the staging buffer."""
-        if num_fragments <= 0:
-            return 0.0
-        return (num_fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads
+        return float(self.layer_times([nbytes], [num_fragments], "gather_scatter")[0][0])
 
     def layer_times(
         self, nbytes: np.ndarray, fragments: np.ndarray, mode: str, chunk_bytes: float = 0.0
@@ -84,13 +79,19 @@ class LinkModel:
         gather = np.where(
             some, (fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads, 0
         )
-        copy = np.where(some, self._one_copy(np.where(some, nbytes, 1.0)), 0.0)
+        copy = self.copies_s(nbytes)
         if mode == "gather_scatter":
             return gather, copy
         t0 = 0.0 if self.log_sizes is not None else self.t0_s
         body = np.maximum(copy - t0, 0.0)
         first = np.minimum(1.0, chunk_bytes / np.where(some, nbytes, 1.0))
         return zero, np.where(some, t0 + np.maximum(gather, body) + first * np.minimum(gather, body), 0.0)
+
+    def copies_s(self, sizes: np.ndarray) -> np.ndarray:
+        """Seconds for one transfer of each size (float array of bytes; 0 where the size is 0)."""
+        sizes = np.asarray(sizes, dtype=float)
+        some = sizes > 0
+        return np.where(some, self._one_copy(np.where(some, sizes, 1.0)), 0.0)
 
     def _one_copy(self, size: np.ndarray) -> np.ndarray:
         if self.log_sizes is None:

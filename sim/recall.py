@@ -141,7 +141,7 @@ class RecallModel:
             per_group = np.bincount(gid, weights=selected, minlength=G).astype(np.int64)
             nbytes = np.repeat((per_group * self.block_bytes_layer)[:, None], L, axis=1)
             frags = np.repeat(np.bincount(gid[selected > 0], minlength=G)[:, None], L, axis=1).astype(np.int64)
-            copy_s = np.array([self.link.transfer_s(b) for b in (selected * self.block_bytes_layer).tolist()])
+            copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request
             contiguous = np.bincount(gid, weights=copy_s, minlength=G)
             return LayerRecall(nbytes, frags, contiguous)
         q = self.miss_fraction(selected, cold, rng)
