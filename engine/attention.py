@@ -55,7 +55,11 @@ def dense_decode_attention(
 
 
 def sparse_decode_attention(
-    q: torch.Tensor, kv_layer: torch.Tensor, slots: torch.Tensor, slot_tokens: torch.Tensor
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    slots: torch.Tensor,
+    slot_tokens: torch.Tensor,
+    counts: list[int] | None = None,
 ) -> torch.Tensor:
     """One query token per request against the listed device blocks of one layer.
 
@@ -65,6 +69,9 @@ def sparse_decode_attention(
         slots: int64 [B, N], slot ids in [0, S), same device; padding entries may be any valid id.
         slot_tokens: int64 [B, N], valid tokens in each slot, in [0, P] (0 for padding); a partly filled
             block holds its tokens at offsets 0..n-1.
+        counts: host ints [B] or None. When given, row b's own entries are its first counts[b] and each
+            request attends only those (one gather per request): the cost follows the sum of the contexts,
+            as a paged-attention kernel's does, instead of B x the longest (the padded single gather).
 
     Returns:
         [B, H, D] in q.dtype.
@@ -78,6 +85,15 @@ def sparse_decode_attention(
         raise ValueError(
             f"q {tuple(q.shape)}, slots {tuple(slots.shape)}, slot_tokens {tuple(slot_tokens.shape)} "
             f"do not fit kv_layer {tuple(kv_layer.shape)}"
+        )
+    if counts is not None:
+        if len(counts) != b:
+            raise ValueError(f"counts has {len(counts)} entries for {b} requests")
+        return torch.cat(
+            [
+                sparse_decode_attention(q[i : i + 1], kv_layer, slots[i : i + 1, :c], slot_tokens[i : i + 1, :c])
+                for i, c in enumerate(counts)
+            ]
         )
     kv = kv_layer[slots.reshape(-1)].view(b, n, two, p, hkv, d)  # Hot path: one gather for all requests
     k = kv[:, :, 0].reshape(b, n * p, hkv, d)

@@ -63,8 +63,9 @@ class StepIndices:
     positions: torch.Tensor  # int64 [B], position of the new token
     tail_slots: torch.Tensor  # int64 [B], device slot of the block the new token goes into
     tail_offsets: torch.Tensor  # int64 [B], its offset in that block
-    attend_slots: torch.Tensor  # int64 [B, R + K], resident slots then arena slots
+    attend_slots: torch.Tensor  # int64 [B, R + K]: per row the request's resident slots, its arena, then padding
     attend_tokens: torch.Tensor  # int64 [B, R + K], valid tokens per slot (0 = padding)
+    attend_counts: list[int]  # host ints [B]: row b's first attend_counts[b] entries are its own (no padding)
     candidates: torch.Tensor  # int64 [B, C], host ids of offloaded blocks (padding: 0)
     candidate_valid: torch.Tensor  # bool [B, C]
     arena_cpu: torch.Tensor  # int64 [B, K] on CPU, recall destinations
@@ -207,11 +208,11 @@ class OffloadedKVCache:
         self._arena = self._allocate(self.device_pool, b * k, f"a recall arena of {b} x {k} blocks")
         r_max = max(map(len, resident))
         slot_rows, token_rows = [], []
-        for i in range(b):
+        for i in range(b):  # each row: its resident slots, its arena, then padding (a valid prefix per request)
             pad = [0] * (r_max - len(resident[i]))
-            slot_rows.append(resident[i] + pad + self._arena[i * k : (i + 1) * k])
+            slot_rows.append(resident[i] + self._arena[i * k : (i + 1) * k] + pad)
             filled = min(k, len(candidates[i]))
-            token_rows.append(tokens[i] + pad + [p] * filled + [0] * (k - filled))
+            token_rows.append(tokens[i] + [p] * filled + [0] * (k - filled) + pad)
         lengths = [self.lengths[r] for r in request_ids]
         tails = [self.table.blocks(r)[n // p].block_id for r, n in zip(request_ids, lengths)]
         dev = self.device
@@ -222,6 +223,7 @@ class OffloadedKVCache:
             tail_offsets=torch.tensor([n % p for n in lengths], device=dev),
             attend_slots=torch.tensor(slot_rows, dtype=torch.int64, device=dev),
             attend_tokens=torch.tensor(token_rows, dtype=torch.int64, device=dev),
+            attend_counts=[len(r) + k for r in resident],
             candidates=torch.tensor([c + [0] * (c_max - len(c)) for c in candidates], dtype=torch.int64, device=dev),
             candidate_valid=torch.tensor(
                 [[True] * len(c) + [False] * (c_max - len(c)) for c in candidates], dtype=torch.bool, device=dev

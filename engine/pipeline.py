@@ -117,7 +117,9 @@ class OffloadedDecoder:
                 ahead = self._select(li + 1, project_query(c, w.layers[li + 1], x, st.positions), st)
             self._recall(pending, st)
             self.io.wait(li)
-            attn = sparse_decode_attention(q, self.cache.device_pool.layers[li], st.attend_slots, st.attend_tokens)
+            attn = sparse_decode_attention(
+                q, self.cache.device_pool.layers[li], st.attend_slots, st.attend_tokens, st.attend_counts
+            )
             if self._attended:
                 self._attended[li].record()
             x = finish_layer(c, layer, x, attn)
