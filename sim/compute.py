@@ -18,13 +18,17 @@ Prefill, one forward over chunks (c new tokens after p cached tokens each)::
             + 2 · hidden · vocab per request whose prompt completes (its first token)
     time  = max(flops / (bf16_peak · prefill_mfu), weight_bytes / (hbm_bandwidth · hbm_efficiency))
 
-Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors;
-calibrated profiles (a later issue) replace this model.
+Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors.
+
+Calibrated: with a profile's ``compute`` section (sim/specs.py ``ComputeProfile``, fitted by
+calibrate/fit.py from the engine's own decode steps) the decode layer and the LM head take the measured
+linear forms instead, and the per-step overhead is part of the measured head time. Prefill keeps the
+roofline (the engine's decode is what is calibrated).
 """
 
 from __future__ import annotations
 
-from sim.specs import HardwareSpec, ModelSpec
+from sim.specs import ComputeProfile, HardwareSpec, ModelSpec
 
 
 class ComputeModel:
@@ -33,9 +37,10 @@ class ComputeModel:
     Args:
         model: the model card.
         hardware: the GPU card (bandwidth, peak, efficiencies, per-step overhead).
+        profile: measured decode compute for this model (replaces the decode roofline), or None.
     """
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec) -> None:
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, profile: ComputeProfile | None = None) -> None:
         db = model.dtype_bytes
         self.num_layers = model.num_layers
         self.bandwidth_bps = hardware.hbm_bandwidth_gbps * 1e9 * hardware.hbm_efficiency
@@ -51,6 +56,15 @@ class ComputeModel:
         self.lm_head_bytes = self.lm_head_params * db
         self.weight_bytes = model.weight_bytes
         self.step_overhead_s = hardware.decode_step_overhead_us * 1e-6
+        self.profile = profile
+        if profile is not None:
+            self.step_overhead_s = 0.0  # measured inside head_s
+            self._layer = (
+                profile.layer_base_us * 1e-6,
+                profile.layer_per_request_us * 1e-6,
+                profile.layer_per_token_ns * 1e-9,
+            )
+            self._head = (profile.head_base_us * 1e-6, profile.head_per_request_us * 1e-6)
 
     def experts_touched(self, batch_size: int) -> float:
         """Expected distinct experts per MoE layer for ``batch_size`` tokens (0 for dense models)."""
@@ -67,6 +81,9 @@ class ComputeModel:
             attended_tokens: KV tokens read by attention, summed over the batch (block summaries read
                 by selection count as tokens: one summary is the size of one token's K and V).
         """
+        if self.profile is not None:
+            base, per_request, per_token = self._layer
+            return base + per_request * batch_size + per_token * attended_tokens
         nbytes = (
             self.shared_weight_bytes_layer
             + self.experts_touched(batch_size) * self.expert_bytes
@@ -77,6 +94,8 @@ class ComputeModel:
 
     def decode_head_s(self, batch_size: int) -> float:
         """LM head and sampling of one decode step (after the last layer)."""
+        if self.profile is not None:
+            return self._head[0] + self._head[1] * batch_size
         flops = 2 * batch_size * self.lm_head_params
         return max(self.lm_head_bytes / self.bandwidth_bps, flops / self.flops_per_s)
 

@@ -1,6 +1,7 @@
 """Load a scenario YAML, resolve model and hardware card names, apply ``key=value`` overrides, validate.
 
-Flow: read YAML → dict → overrides (dotted keys; a card name met on the way is expanded to its card so
+Flow: read YAML → dict → a named ``profile`` fills the sections the scenario leaves out (sim/profile.py)
+→ overrides (dotted keys; a card name met on the way is expanded to its card so
 ``hardware.h2d_bandwidth_gbps=25`` works on ``hardware: h200``) → remaining card names expanded →
 ``Scenario.model_validate``. Every failure is a :class:`ScenarioError` with one line naming the key, the
 value and what was expected; the CLI prints it and exits with status 2.
@@ -76,10 +77,14 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     Raises:
         ScenarioError: one line naming the key, the value and what was expected.
     """
-    raw = _read_yaml(resolve_scenario_path(scenario))
+    from sim.profile import apply_profile  # sim.profile imports this module
+
+    raw = apply_profile(_read_yaml(resolve_scenario_path(scenario)))
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
+    if isinstance(raw.get("profile"), str):  # named by an override
+        apply_profile(raw)
     for kind in CARD_KINDS:
         if isinstance(raw.get(kind), str):
             raw[kind] = load_card(kind, raw[kind])

@@ -16,7 +16,8 @@ One iteration of :meth:`Replica.run`:
 With ``serving.prefill: disaggregated`` step 1 changes: arrivals queue for a pool of remote prefill GPUs
 (``num_prefill_gpus``, FIFO); a request that finished prefill (its first token sampled there) waits for
 the decode GPU, and admission moves it straight into the decode batch with no forward on this GPU. A
-retracted request goes back through remote prefill.
+retracted request goes back through remote prefill. ``serving.prefill: none`` is the same path with
+prefill costing no time (requests arrive with their KV cached; used to validate against the engine).
 
 Token bookkeeping: ``ctx`` counts tokens whose KV is cached. A prefill of N tokens caches N and samples
 one token; a decode step caches the last sampled token (ctx + 1), attends ctx + 1 tokens and samples
@@ -169,7 +170,8 @@ class Replica:
         self.last_attended = 0  # KV tokens read per layer by the last decode step (admission estimate)
         self.policy_sparse_tokens = getattr(policy, "sparse_tokens", 0)
         self.recall_steps = 0  # decode steps that recalled (the timeline records one of them)
-        self.disaggregated = scenario.serving.prefill == "disaggregated"
+        self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
+        self.prefill_free = scenario.serving.prefill == "none"
         self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
 
     # ---- processes -------------------------------------------------------------------------------
@@ -193,6 +195,8 @@ class Replica:
         if reason:  # reject on arrival: never occupy a prefill GPU for a request that cannot run
             self._reject(req, reason)
             self._wake()
+        elif self.prefill_free:
+            self._prefilled(req)
         elif self.disaggregated:
             self.env.process(self._remote_prefill(req))
         else:
@@ -240,6 +244,10 @@ class Replica:
         with self.prefill_gpus.request() as gpu:
             yield gpu
             yield self.env.timeout(self.policy.compute.prefill_s([(target, 0)], 1))
+        self._prefilled(req)
+
+    def _prefilled(self, req: Request) -> None:
+        """A remote (or, with ``prefill: none``, free and immediate) prefill finished: first token, then queue."""
         req.generated = min(req.generated + 1, req.output_tokens)
         if math.isnan(req.first_token_s) and req.output_tokens > 0:
             req.first_token_s = self.env.now
@@ -488,7 +496,9 @@ class Replica:
             (req,) = b.remove(mask)
             self._release(req)
             req.num_preemptions += 1
-            if self.disaggregated:
+            if self.prefill_free:
+                self._prefilled(req)
+            elif self.disaggregated:
                 self.env.process(self._remote_prefill(req))
             else:
                 self.waiting.appendleft(req)

@@ -147,6 +147,9 @@ class HardwareSpec(_Spec):
     hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
+    # False where recall copies run on the thread that computes (the CPU engine: the "device" is host memory
+    # and every copy is synchronous), so a layer's recall adds to its time instead of overlapping compute.
+    io_overlaps_compute: bool = True
 
     @model_validator(mode="after")
     def _check_table(self) -> HardwareSpec:
@@ -372,6 +375,72 @@ class RecallStatsSpec(_Spec):
         return self
 
 
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+class ComputeProfile(_Spec):
+    """Measured decode compute of one model on one device (a linear fit of microbenchmarks).
+
+    Per decoder layer and decode step, for a batch of B requests attending T KV tokens in total::
+
+        layer_s(B, T) = (layer_base_us + layer_per_request_us · B) · 1e-6 + layer_per_token_ns · T · 1e-9
+
+    and after the last layer (embedding, final norm, LM head, sampling, per-step bookkeeping)::
+
+        head_s(B) = (head_base_us + head_per_request_us · B) · 1e-6
+
+    The form is the decode roofline of sim/compute.py made linear: the base is reading the layer's
+    weights, the per-token term reading KV, the per-request term the activations. It holds for dense
+    models; MoE expert reads (which grow with B non-linearly) are not covered. ``mape_pct`` is the mean
+    absolute percentage error of the fit over its ``points`` measurements (calibrate/fit.py).
+    """
+
+    model: str  # name of the ModelSpec the measurements ran on; a scenario must use that model
+    layer_base_us: NonNeg
+    layer_per_request_us: NonNeg
+    layer_per_token_ns: NonNeg
+    head_base_us: NonNeg
+    head_per_request_us: NonNeg
+    mape_pct: NonNeg = 0.0
+    head_mape_pct: NonNeg = 0.0
+    points: Annotated[int, Field(ge=0)] = 0
+
+
+class SelectionProfile(_Spec):
+    """Measured cost of block selection (Quest scores over summaries, top-k), per layer and decode step::
+
+        select_s(C) = (base_us + per_block_ns · C · 1e-3) · 1e-6
+
+    with C the candidate (offloaded) blocks summed over the batch's offloaded requests. When a profile has
+    this section, the simulator charges it instead of counting block summaries as attended tokens.
+    """
+
+    base_us: NonNeg
+    per_block_ns: NonNeg
+    mape_pct: NonNeg = 0.0
+    points: Annotated[int, Field(ge=0)] = 0
+
+    def seconds(self, candidate_blocks: float) -> float:
+        """Selection seconds of one layer for ``candidate_blocks`` blocks in total (0 when there are none)."""
+        if candidate_blocks <= 0:
+            return 0.0
+        return self.base_us * 1e-6 + self.per_block_ns * 1e-9 * candidate_blocks
+
+
+class Profile(_Spec):
+    """A calibrated profile (format and use: sim/profile.py). Sections left out fall back to cards and defaults."""
+
+    name: str = "profile"
+    source: str = "unspecified"
+    metadata: dict[str, str | int | float | bool | None] = {}
+    hardware: HardwareSpec | None = None
+    model: ModelSpec | None = None
+    compute: ComputeProfile | None = None
+    selection: SelectionProfile | None = None
+    recall_stats: RecallStatsSpec | None = None
+    recall_stats_source: str | None = None
+
+
 class ServingSpec(_Spec):
     """Where prefill runs relative to the simulated decode GPU.
 
@@ -380,9 +449,11 @@ class ServingSpec(_Spec):
     request at a time each) and finished prefills queue for the decode GPU, as in Mooncake's
     prefill/decode split and SGLang HiSparse's decode-only deployment (REFERENCE.md §5.4). Model
     assumption: KV transfer from the prefill GPU is hidden (layer-wise RDMA) and costs no time.
+    ``none``: requests arrive with their prompt's KV already cached and their first token sampled (prefill
+    is not simulated) — decode alone, as `pulseinfer validate` runs the engine on pre-filled caches.
     """
 
-    prefill: Literal["colocated", "disaggregated"] = "colocated"
+    prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
     num_prefill_gpus: PositiveInt = 4
 
 
@@ -410,6 +481,7 @@ class Scenario(_Spec):
     policies: Annotated[list[str], Field(min_length=1)]  # names to run, in order
     policy: dict[str, PolicySpec]  # resolved knobs of every policy in ``policies`` (loader merges presets)
     recall_stats: RecallStatsSpec = RecallStatsSpec()
+    profile: Profile | None = None  # calibrated measurements; the loader fills hardware/model/recall_stats from it
     run: RunSpec = RunSpec()
 
     @model_validator(mode="after")
@@ -419,6 +491,13 @@ class Scenario(_Spec):
         missing = [p for p in self.policies if p not in self.policy]
         if missing:
             raise ValueError(f"policies {missing} have no entry under policy")
+        compute = self.profile.compute if self.profile else None
+        if compute is not None and compute.model != self.model.name:
+            raise ValueError(
+                f"profile.compute was measured on model {compute.model!r} but the scenario's model is "
+                f"{self.model.name!r}; use that model (leave `model` out to take the profile's) or a profile "
+                "calibrated with --model " + self.model.name
+            )
         return self
 
 

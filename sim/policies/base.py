@@ -49,7 +49,8 @@ class Policy:
         self.params = params
         self.block_size = params.block_size
         self.model = scenario.model
-        self.compute = ComputeModel(scenario.model, scenario.hardware)
+        profile = scenario.profile
+        self.compute = ComputeModel(scenario.model, scenario.hardware, profile.compute if profile else None)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         """Whether a request with this prompt runs offloaded (sparse recall)."""

@@ -14,6 +14,11 @@ Offload writes (D2H): each step the new token's KV of every offloaded request is
 (eager backup, as SGLang HiSparse does, REFERENCE.md §5.4); its D2H time slows H2D by the hardware's
 ``d2h_coupling``.
 
+With a calibrated profile (sim/profile.py): its ``selection`` section charges measured selection time per
+layer (for the candidate blocks of the offloaded requests) instead of counting summaries as attended
+tokens; a hardware whose ``io_overlaps_compute`` is false (the CPU engine) adds each layer's gather and
+copy time to that layer's compute instead of overlapping them.
+
 Link cost of one layer's recall by I/O mode: ``per_fragment`` — one copy per fragment;
 ``gather_scatter`` with sequential scheduling — host gather, then one copy; with interruptible
 scheduling — gather and copy stream in chunks (sim/link.py ``streamed_s``).
@@ -49,6 +54,9 @@ class OffloadServing(Policy):
         self.interruptible = params.scheduling == "interruptible"
         self.groups = params.micro_batches
         self.correction_frac = min(1.0, params.late_correction_frac * (params.lookahead_layers - 1))
+        profile = scenario.profile
+        self.selection_cost = profile.selection if profile is not None and not self.full else None
+        self.io_overlaps = scenario.hardware.io_overlaps_compute
         self.admission = None
         if params.admission == "io_adaptive":
             fb = self.recall.fragment_bytes
@@ -99,12 +107,15 @@ class OffloadServing(Policy):
 
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         batch, L, G = len(ctx), self.num_layers, self.groups
+        candidates = np.where(offloaded, self.recall.offloaded_blocks(ctx), 0)
         if self.full:
             attended_each = ctx
+        elif self.selection_cost is not None:  # measured selection cost replaces reading summaries as tokens
+            attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens), ctx)
         else:
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + -(-ctx // self.block_size), ctx)
         attended = int(attended_each.sum())
-        layer_s = self.compute.decode_layer_s(batch, attended)
+        layer_s = self.compute.decode_layer_s(batch, attended) + self._select_s(candidates.sum())
         cost = StepCost([layer_s] * L, None, None, self.compute.decode_head_s(batch), 0, 0, 0, attended)
         n_off = int(offloaded.sum())
         if not n_off and G == 1:
@@ -113,7 +124,10 @@ class OffloadServing(Policy):
         if G > 1:  # micro-batches: each group runs every layer on its own (re-reading the weights)
             sizes = np.bincount(groups, minlength=G)
             att = np.bincount(groups, weights=attended_each, minlength=G)
-            cost.compute_s = [self.compute.decode_layer_s(int(b), int(a)) for b, a in zip(sizes, att)] * L
+            cand = np.bincount(groups, weights=candidates, minlength=G)
+            cost.compute_s = [
+                self.compute.decode_layer_s(int(b), int(a)) + self._select_s(c) for b, a, c in zip(sizes, att, cand)
+            ] * L
         rec = self.recall.step(ctx[offloaded], cold[offloaded], rng, groups[offloaded], G) if n_off else None
         if rec is None or not rec.nbytes.any():
             return cost
@@ -127,6 +141,9 @@ class OffloadServing(Policy):
             cost.num_transfers = cost.num_fragments
         else:
             cost.num_transfers = int(np.count_nonzero(rec.nbytes))
+        if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
+            cost.compute_s = (np.asarray(cost.compute_s) + gather.T.ravel() + link.T.ravel()).tolist()
+            return cost
         if not self.interruptible:
             cost.recall_s = link[0].tolist()
             cost.gather_s = gather[0].tolist() if self.params.io == "gather_scatter" else None
@@ -139,6 +156,10 @@ class OffloadServing(Policy):
         lookahead = self.params.lookahead_layers * self.groups
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
+
+    def _select_s(self, candidate_blocks: float) -> float:
+        """Measured selection seconds of one layer (0 without a profile: summaries count as attended tokens)."""
+        return self.selection_cost.seconds(float(candidate_blocks)) if self.selection_cost is not None else 0.0
 
     def _link_times(self, rec) -> tuple[np.ndarray, np.ndarray]:
         """(gather, link) seconds, float [G, L], under this policy's I/O mode."""

@@ -1,0 +1,144 @@
+"""Calibrated profiles: what `pulseinfer calibrate` measured, in a form the simulator reads without torch.
+
+A profile is one YAML file (``profile.yaml`` in the calibration's output folder, or a shipped one in
+``scenarios/profiles/``), validated as :class:`sim.specs.Profile`. Every section is optional, so a profile
+can carry the hardware measurements, the selection statistics of a real model, or both::
+
+    name: cpu-2core                   # free text
+    source: "pulseinfer calibrate --device cpu --quick"
+    metadata: {device_name: ..., torch_version: ..., pinned: false, commit: ..., date: ...}
+    hardware: {...}                   # a full HardwareSpec card, measured: true (link and gather fits)
+    model: {...}                      # the ModelSpec the compute section was measured on (scaled on a CPU)
+    compute: {...}                    # ComputeProfile: per-layer decode time = base + per_request·B + per_token·T
+    selection: {...}                  # SelectionProfile: per-layer selection time = base + per_block·C
+    recall_stats: {...}               # RecallStatsSpec fitted from a real model (`pulseinfer calibrate selection`)
+    recall_stats_source: "..."        # what recall_stats were measured on
+
+A scenario names it with ``profile: PATH_OR_NAME``. :func:`apply_profile` then fills, from the profile,
+every section the scenario leaves out: ``hardware`` (so a profile replaces a datasheet card), ``model``
+(the model the compute was measured on) and ``recall_stats``. A scenario that gives its own ``hardware``
+as well as a profile with hardware is refused (one of the two would be ignored silently otherwise),
+unless the two are identical (a ``scenario.yaml`` written by a run). The simulator then takes link
+times and gather cost from the profile's hardware, per-layer compute and the LM head from
+``compute`` (sim/compute.py), selection cost from ``selection`` (sim/policies/offload.py) and the
+recall model's statistics from ``recall_stats`` (sim/recall.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sim.loader import ScenarioError, format_validation_error, scenarios_dir
+from sim.specs import Profile
+
+PROFILE_DIR = "profiles"
+FILLED_SECTIONS = ("hardware", "model", "recall_stats")
+
+
+class ProfileError(ScenarioError):
+    """A profile that cannot be read or validated; the message is one line naming file and field."""
+
+
+def profiles_dir() -> Path:
+    """Folder of the shipped profiles (``scenarios/profiles``)."""
+    return scenarios_dir() / PROFILE_DIR
+
+
+def profile_names() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+
+
+def resolve_profile_path(profile: str | Path) -> Path:
+    """A profile YAML path, a folder holding ``profile.yaml`` (a calibration's ``--out``), or a shipped name.
+
+    Raises:
+        ProfileError: if none of these exists (the message lists the shipped profiles).
+    """
+    path = Path(profile)
+    if path.is_dir() and (path / "profile.yaml").is_file():
+        return path / "profile.yaml"
+    if path.is_file():
+        return path
+    shipped = profiles_dir() / f"{profile}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ProfileError(
+        f"profile: no such file, calibration folder or shipped profile {str(profile)!r} "
+        f"(shipped: {', '.join(profile_names()) or 'none'})"
+    )
+
+
+def read_profile(profile: str | Path) -> dict[str, Any]:
+    """The profile's YAML as a plain dict (not validated).
+
+    Raises:
+        ProfileError: missing file, unreadable YAML, or a top level that is not a mapping.
+    """
+    path = resolve_profile_path(profile)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProfileError(f"profile: cannot read {path}: {detail}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile: {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_profile(profile: str | Path) -> Profile:
+    """Read and validate a profile.
+
+    Raises:
+        ProfileError: as :func:`read_profile`, or a field with a wrong value (``profile.<field>: ...``).
+    """
+    raw = read_profile(profile)
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError("profile." + format_validation_error(exc)) from None
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    """Write a profile as YAML (the inverse of :func:`load_profile`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = profile.model_dump(mode="json", exclude_none=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def apply_profile(raw: dict[str, Any]) -> dict[str, Any]:
+    """Resolve ``raw["profile"]`` (a name or path) and fill the scenario sections it leaves out.
+
+    Args:
+        raw: a scenario as read from YAML (cards may still be names). Modified and returned.
+
+    Raises:
+        ProfileError: the profile cannot be read, or the scenario gives a hardware card as well as a
+            profile with different hardware.
+    """
+    ref = raw.get("profile")
+    if ref is None:
+        return raw
+    if isinstance(ref, (str, Path)):
+        raw["profile"] = prof = read_profile(ref)
+    elif isinstance(ref, dict):
+        prof = ref
+    else:
+        return raw  # validation reports the wrong type with its location
+    for section in FILLED_SECTIONS:
+        value = prof.get(section)
+        if value is None:
+            continue
+        if section not in raw:
+            raw[section] = value
+        elif section == "hardware" and raw[section] != value:
+            given = raw[section] if isinstance(raw[section], str) else "an inline card"
+            raise ProfileError(
+                f"hardware: the scenario names {given!r} and its profile carries measured hardware "
+                f"{value.get('name', '?')!r}; give one of the two (drop `hardware` to use the profile's)"
+            )
+    return raw
