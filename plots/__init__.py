@@ -6,6 +6,7 @@ from plots.recall import layer_recall_heatmap, recall_per_step
 from plots.render import FIGURES, plot_results
 from plots.timeline import layer_pipeline_gantt
 from plots.timeseries import link_utilisation, memory_over_time, throughput_over_time
+from plots.validation import validation_steps
 
 __all__ = [
     "FIGURES",
@@ -19,4 +20,5 @@ __all__ = [
     "throughput_over_time",
     "tpot_cdf",
     "ttft_cdf",
+    "validation_steps",
 ]

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# One short run on a GPU machine: the GPU-marked engine tests, then the engine benchmark (per_fragment vs
-# gather_scatter vs a plain copy). Everything lands in one folder, so a single run checks everything.
+# One short run on a GPU machine: the GPU-marked engine tests, the engine benchmark (per_fragment vs
+# gather_scatter vs a plain copy), then the calibrate -> validate loop on CUDA (quick calibration of 4 layers of
+# Qwen3-14B at full width, validation of sglang and pulseinfer on 8 requests of 2K-16K tokens). Everything lands
+# in one folder, so a single run checks everything (about 5 minutes on an H200, most of it torch start-up and
+# the validation's engine runs).
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (default: $OUT, else results/gpu_check); PYTHON overrides the interpreter.
 # Needs a CUDA build of torch; exits non-zero if CUDA is missing, a GPU test fails or the benchmark fails.
@@ -26,5 +29,15 @@ tests_rc=${PIPESTATUS[0]}
 "$py" -m pulseinfer engine-bench --out "$out" 2>&1 | tee "$out/engine_bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
-echo "pytest -m gpu exit $tests_rc; engine-bench exit $bench_rc; results in $out" | tee "$out/status.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+"$py" -m pulseinfer calibrate --device cuda --quick --out "$out/calibration" 2>&1 | tee "$out/calibrate.txt"
+calibrate_rc=${PIPESTATUS[0]}
+validate_rc=1
+if [ "$calibrate_rc" -eq 0 ]; then
+    "$py" -m pulseinfer validate --profile "$out/calibration" --device cuda --out "$out/validation" 2>&1 |
+        tee "$out/validate.txt"
+    validate_rc=${PIPESTATUS[0]}
+fi
+
+echo "pytest -m gpu exit $tests_rc; engine-bench exit $bench_rc; calibrate exit $calibrate_rc;" \
+    "validate exit $validate_rc; results in $out" | tee "$out/status.txt"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$calibrate_rc" -eq 0 ] && [ "$validate_rc" -eq 0 ]

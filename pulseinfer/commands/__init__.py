@@ -15,3 +15,39 @@ def add_overrides(p: argparse.ArgumentParser, example: str = "workload.time_scal
         metavar="KEY=VALUE",
         help=f"override a scenario key (repeatable), e.g. --set {example}",
     )
+
+
+def import_torch():
+    """torch, or ImportError with the install command (torch is the `engine` extra, not a core dependency)."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("this command needs torch: pip install -e '.[engine]'") from None
+    return torch
+
+
+def resolve_device(device: str | None, torch) -> str:
+    """``--device``: cpu, cuda or cuda:N (default cuda when torch sees one). Raises ValueError naming the value."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device {device}: must be cpu, cuda or cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device")
+    return device
+
+
+def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
+    """A comma-separated list of integers >= minimum. Raises ValueError naming the flag and the value."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 256,512,1024") from None
+    if not values or min(values) < minimum:
+        raise ValueError(f"{flag} {text!r}: expected integers >= {minimum}")
+    return values
+
+
+def check_out_folder(out, flag: str = "--out") -> None:
+    """Raise ValueError if ``out`` exists and is not a folder."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out}: exists and is not a folder; give a folder path")

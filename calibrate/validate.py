@@ -1,0 +1,182 @@
+"""`pulseinfer validate`: run the engine's decode loop and the simulator on the same requests, compare.
+
+For each policy (calibrate/harness.py ``ENGINE_POLICIES``: ``sglang``, ``pulseinfer``, ``headwise``):
+
+1. The engine decodes the workload's requests on the profile's model (pre-filled random KV; every request
+   starts decoding at once; a request leaves the batch when it has its output tokens). This runs
+   ``repeats`` times and each step's time is the fastest over repeats (the step sequence is the same in
+   every repeat; contention only adds time, and calibration takes the fastest repeat as well), which keeps
+   a shared machine's noise out of the comparison.
+2. The simulator runs the same requests (arrival 0, ``serving.prefill: none``) with the policy's mirror
+   (``EnginePolicy.sim_policy``) on the profile's hardware and compute.
+3. Metrics, from both step sequences the same way: per-request TPOT = the request's decode time / (output
+   tokens − 1); mean and p99 over requests; decode throughput = tokens decoded / decode time.
+
+Outputs: ``validation.csv`` (``policy, metric, simulated, measured, error_pct`` with error_pct =
+(simulated − measured) / measured · 100), ``validation_steps.csv`` (policy, step, batch_size, measured_s,
+simulated_s) and ``validation_steps.png`` (simulated vs measured step times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibrate.harness import build_decoder, engine_policy, run_decode
+from calibrate.run import decoder_config
+from engine.model import init_weights
+from sim.loader import validate_scenario
+from sim.run import simulate_policy
+from sim.specs import Profile
+
+VALIDATION_COLUMNS = ["policy", "metric", "simulated", "measured", "error_pct"]
+STEP_COLUMNS = ["policy", "step", "batch_size", "measured_s", "simulated_s"]
+METRICS = ("tpot_mean_ms", "tpot_p99_ms", "decode_tokens_per_s")
+
+
+@dataclass(frozen=True)
+class ValidationWorkload:
+    """The requests both sides decode: one per context, with its output tokens (same length lists)."""
+
+    contexts: tuple[int, ...] = (2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384)
+    output_tokens: tuple[int, ...] = (64, 60, 56, 52, 48, 44, 40, 36)  # batch shrinks: TPOT p99 ≠ mean
+
+    def __post_init__(self) -> None:
+        if len(self.contexts) != len(self.output_tokens) or not self.contexts:
+            raise ValueError(
+                f"contexts ({len(self.contexts)}) and output_tokens ({len(self.output_tokens)}) must be equal, "
+                "non-empty lists"
+            )
+        if min(self.contexts) < 1 or min(self.output_tokens) < 2:
+            raise ValueError("contexts must be >= 1 token and output_tokens >= 2 (TPOT needs two tokens)")
+
+    def requests(self) -> pd.DataFrame:
+        """The simulator's workload table (arrival 0)."""
+        n = len(self.contexts)
+        return pd.DataFrame(
+            {
+                "request_id": np.arange(n),
+                "arrival_s": np.zeros(n),
+                "prompt_tokens": np.array(self.contexts, dtype=np.int64),
+                "output_tokens": np.array(self.output_tokens, dtype=np.int64),
+            }
+        )
+
+
+def request_metrics(step_s: np.ndarray, batch: np.ndarray, outputs: list[int]) -> dict[str, float]:
+    """TPOT mean / p99 (ms) and decode throughput from a step sequence.
+
+    Args:
+        step_s: float [S] seconds of each decode step, in order.
+        batch: int [S] requests in each step.
+        outputs: output tokens of each request; request i runs in the first outputs[i] − 1 steps.
+    """
+    ends = np.cumsum(step_s)
+    tpot = np.array([ends[o - 2] / (o - 1) for o in outputs])
+    return {
+        "tpot_mean_ms": float(tpot.mean() * 1e3),
+        "tpot_p99_ms": float(np.percentile(tpot, 99) * 1e3),
+        "decode_tokens_per_s": float(batch.sum() / step_s.sum()),
+    }
+
+
+def measure_engine(
+    profile: Profile, policy_name: str, workload: ValidationWorkload, device: str, repeats: int, seed: int = 0
+) -> pd.DataFrame:
+    """Fastest step times of the engine over ``repeats`` runs: columns step, batch_size, measured_s."""
+    policy = engine_policy(policy_name)
+    config = decoder_config(profile.model)
+    weights = init_weights(config, seed, device)
+    runs = []
+    for _ in range(repeats):
+        decoder = build_decoder(
+            config, policy, list(workload.contexts), max(workload.output_tokens) + 2, device, seed, weights
+        )
+        runs.append(run_decode(decoder, list(workload.output_tokens), policy))
+        del decoder
+    base = runs[0][["step", "batch_size"]].copy()
+    base["measured_s"] = np.min(np.stack([r["step_s"].to_numpy() for r in runs]), axis=0)
+    return base
+
+
+def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkload, seed: int = 0) -> pd.DataFrame:
+    """The simulator's decode steps for the same requests: columns step, batch_size, simulated_s.
+
+    Raises:
+        ScenarioError: if the profile lacks hardware, model or compute.
+    """
+    from sim.loader import ScenarioError
+
+    missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
+    if missing:
+        raise ScenarioError(f"profile: validation needs sections {missing}; run `pulseinfer calibrate` first")
+    raw = {
+        "name": f"validate-{policy_name}",
+        "seed": seed,
+        "model": profile.model.model_dump(),
+        "hardware": profile.hardware.model_dump(),
+        "profile": profile.model_dump(),
+        "serving": {"prefill": "none"},
+        "policies": [policy_name],
+        "policy": {policy_name: engine_policy(policy_name).sim_policy()},
+        "run": {"progress": False},
+    }
+    if profile.recall_stats is not None:
+        raw["recall_stats"] = profile.recall_stats.model_dump()
+    scenario = validate_scenario(raw)
+    result = simulate_policy(scenario, workload.requests(), policy_name)
+    steps = result.steps[result.steps["phase"] == "decode"].reset_index(drop=True)
+    return pd.DataFrame(
+        {"step": np.arange(len(steps)), "batch_size": steps["batch_size"], "simulated_s": steps["duration_s"]}
+    )
+
+
+def validate(
+    profile: Profile,
+    policies: list[str],
+    workload: ValidationWorkload,
+    device: str,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Measure and simulate every policy; return (validation table, per-step table).
+
+    Raises:
+        RuntimeError: if the engine and the simulator disagree on the step sequence (batch sizes), which
+            would make the comparison meaningless.
+    """
+    rows, step_tables = [], []
+    for name in policies:
+        engine_policy(name)  # fail on an unknown name before measuring anything
+    for name in policies:
+        if progress:
+            progress(name)
+        measured = measure_engine(profile, name, workload, device, repeats, seed)
+        simulated = simulate_steps(profile, name, workload, seed)
+        if (
+            len(measured) != len(simulated)
+            or (measured["batch_size"].to_numpy() != simulated["batch_size"].to_numpy()).any()
+        ):
+            raise RuntimeError(
+                f"{name}: engine ran {len(measured)} steps, simulator {len(simulated)}, or their batch sizes differ"
+            )
+        steps = measured.merge(simulated[["step", "simulated_s"]], on="step")
+        steps.insert(0, "policy", name)
+        step_tables.append(steps[STEP_COLUMNS])
+        outputs = list(workload.output_tokens)
+        batch = steps["batch_size"].to_numpy()
+        meas = request_metrics(steps["measured_s"].to_numpy(), batch, outputs)
+        sim = request_metrics(steps["simulated_s"].to_numpy(), batch, outputs)
+        for metric in METRICS:
+            err = (sim[metric] - meas[metric]) / meas[metric] * 100
+            rows.append((name, metric, sim[metric], meas[metric], err))
+    return pd.DataFrame(rows, columns=VALIDATION_COLUMNS), pd.concat(step_tables, ignore_index=True)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

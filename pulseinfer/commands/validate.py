@@ -1,0 +1,103 @@
+"""``pulseinfer validate``: the engine's decode loop against the simulator on the same requests and profile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
+
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "validate",
+        help="run the engine and the simulator on the same requests; print the TPOT and throughput error",
+        description="Decode a small workload (default: 8 requests, contexts 2K-16K tokens, 64-36 output tokens) "
+        "with the real engine on the profile's model, simulate the same requests with the same policy and "
+        "profile, and print the error of mean TPOT, p99 TPOT and decode throughput per policy. Writes "
+        "validation.csv, validation_steps.csv and validation_steps.png to --out. Needs torch.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--profile", required=True, help="profile.yaml, a `pulseinfer calibrate --out` folder or a shipped profile"
+    )
+    p.add_argument(
+        "--policy", default="sglang,pulseinfer", help="policies, comma-separated (sglang, pulseinfer, headwise)"
+    )
+    p.add_argument(
+        "--contexts", default=None, help="context tokens per request, comma-separated (default 2048,...,16384)"
+    )
+    p.add_argument(
+        "--output-tokens", default=None, help="output tokens per request, comma-separated (default 64,60,...,36)"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="engine runs per policy; each step's fastest run is compared")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the profile's device)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the profile's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and KV (engine) and of the simulation")
+    p.add_argument("--out", type=Path, default=Path("results/validation"), help="folder for the tables and the plot")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        torch = import_torch()
+        from calibrate.validate import ValidationWorkload, validate
+        from sim.profile import load_profile
+
+        profile = load_profile(args.profile)
+        missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
+        if missing:
+            raise ValueError(f"--profile {args.profile}: has no {', '.join(missing)}; run `pulseinfer calibrate` first")
+        device = resolve_device(args.device or str(profile.metadata.get("device") or "") or None, torch)
+        check_out_folder(args.out)
+        if args.repeats < 1:
+            raise ValueError(f"--repeats {args.repeats}: must be >= 1")
+        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+        from calibrate.harness import ENGINE_POLICIES
+
+        unknown = [p for p in policies if p not in ENGINE_POLICIES]
+        if unknown or not policies:
+            raise ValueError(f"--policy {args.policy!r}: expected names from {', '.join(ENGINE_POLICIES)}")
+        default = ValidationWorkload()
+        contexts = int_list(args.contexts, "--contexts") if args.contexts else default.contexts
+        outputs = int_list(args.output_tokens, "--output-tokens", 2) if args.output_tokens else None
+        if outputs is None:
+            outputs = default.output_tokens if len(contexts) == len(default.contexts) else (64,) * len(contexts)
+        if len(outputs) == 1:
+            outputs = outputs * len(contexts)
+        workload = ValidationWorkload(contexts, outputs)
+        threads = args.threads or int(profile.metadata.get("threads") or 1)
+        if threads < 1:
+            raise ValueError(f"--threads {threads}: must be >= 1")
+        torch.set_num_threads(threads)
+    except (ImportError, ValueError) as exc:  # ScenarioError and ProfileError are ValueErrors
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    with tqdm(total=len(policies), desc="validate", unit="policy", file=sys.stderr) as bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(name)
+
+        table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=step)
+        bar.update(len(policies))
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "validation.csv", index=False)
+    steps.to_csv(args.out / "validation_steps.csv", index=False)
+    from plots import validation_steps
+
+    fig = validation_steps(steps)
+    fig.savefig(args.out / "validation_steps.png", dpi=120)
+    print(
+        f"\n{profile.model.name} on {device}: {len(contexts)} requests, contexts {min(contexts)}-{max(contexts)} "
+        f"tokens, {args.repeats} engine runs per policy, {time.perf_counter() - started:.0f} s"
+    )
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
+    print(f"\ntables and plot in {args.out}/ (validation.csv, validation_steps.csv, validation_steps.png)")
+    return 0

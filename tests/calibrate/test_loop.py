@@ -1,0 +1,126 @@
+"""The calibrate → profile → simulate → validate loop on a CPU, small enough for CI.
+
+A tiny grid calibrates a 2-layer, width-8-scaled Qwen3-14B; validation decodes four requests with the engine
+(median step time of three runs) and simulates them with the fitted profile. The bound is the issue's
+acceptance bound (mean TPOT within 10 %); the measured errors are printed for the log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibrate.bench import BenchGrid  # noqa: E402
+from calibrate.run import CalibrationSettings, run_calibration  # noqa: E402
+from calibrate.validate import ValidationWorkload, validate  # noqa: E402
+from pulseinfer.cli import main  # noqa: E402
+from sim.profile import load_profile  # noqa: E402
+
+TINY = BenchGrid(
+    copy_sizes_bytes=tuple(4096 * 4**i for i in range(7)),  # 4 KiB … 16 MiB
+    copy_buffer_bytes=64 << 20,
+    fragment_bytes=(16 << 10, 64 << 10),
+    fragment_counts=(16, 128, 512),
+    host_pool_bytes=64 << 20,
+    compute_batches=(1, 2, 4),
+    compute_contexts=(1024, 4096),
+    compute_steps=3,
+    selection_batches=(1, 4),
+    selection_contexts=(2048, 4096),
+    matmul_size=256,
+    repeats=3,
+)
+LOOPS = 5
+WORKLOAD = ValidationWorkload(contexts=(1024, 2048, 3072, 4096), output_tokens=(12, 10, 8, 6))
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("calibration")
+    settings = CalibrationSettings(device="cpu", model="qwen3-14b", layers=2, scale=8)
+    profile = run_calibration(settings, out, grid=TINY)
+    return out, profile
+
+
+def test_calibration_writes_tables_and_a_profile_the_simulator_reads(calibrated):
+    out, profile = calibrated
+    for name in ("copy", "recall", "compute", "selection", "matmul"):
+        assert (out / f"{name}.csv").stat().st_size > 0
+    meta = (out / "metadata.yaml").read_text()
+    for key in ("device_name", "torch_version", "pinned", "commit", "date"):
+        assert key in meta
+    loaded = load_profile(out)
+    assert loaded == profile
+    assert loaded.model.name == "qwen3-14b-2l-w8-fp32" and loaded.compute.model == loaded.model.name
+    assert loaded.hardware.measured and not loaded.hardware.io_overlaps_compute
+    assert loaded.compute.layer_per_token_ns > 0 and loaded.selection.per_block_ns >= 0
+
+
+def test_validation_mean_tpot_within_bound(calibrated, tmp_path):
+    """Five fresh calibrate → validate loops; the median error per policy must meet the bound.
+
+    On a shared 2-core machine a burst of other work during either half of a loop shifts that loop's error
+    by tens of percent (measured while another process ran: +62 % in one of three loops); the median of five
+    loops keeps two unlucky loops from failing the test, while a wrong model (most loops off) still does.
+    """
+    import numpy as np
+
+    _, first = calibrated
+    errors: dict[str, list[float]] = {"sglang": [], "pulseinfer": []}
+    for i in range(LOOPS):
+        profile = (
+            first
+            if i == 0
+            else run_calibration(CalibrationSettings(device="cpu", layers=2, scale=8), tmp_path / str(i), grid=TINY)
+        )
+        table, steps = validate(profile, ["sglang", "pulseinfer"], WORKLOAD, "cpu", repeats=3)
+        print("\n" + table.to_string(index=False))
+        assert list(steps["batch_size"][steps["policy"] == "sglang"]) == [4] * 5 + [3] * 2 + [2] * 2 + [1] * 2
+        mean = table[table["metric"] == "tpot_mean_ms"].set_index("policy")["error_pct"]
+        for policy in errors:
+            errors[policy].append(float(mean[policy]))
+    medians = {policy: float(np.median(errs)) for policy, errs in errors.items()}
+    print(f"mean TPOT error per loop: {errors}; medians {medians}")
+    assert max(abs(m) for m in medians.values()) <= 10.0, f"median mean-TPOT error above 10 %: {errors}"
+
+
+def test_validate_cli_writes_csv_and_plot(calibrated, tmp_path, capsys):
+    out, _ = calibrated
+    rc = main(
+        [
+            "validate", "--profile", str(out), "--policy", "pulseinfer", "--contexts", "1024,2048",
+            "--output-tokens", "4", "--repeats", "1", "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    assert (tmp_path / "validation_steps.png").stat().st_size > 0
+    header = (tmp_path / "validation.csv").read_text().splitlines()[0]
+    assert header == "policy,metric,simulated,measured,error_pct"
+    assert "tpot_mean_ms" in capsys.readouterr().out
+
+
+def test_validate_cli_rejects_bad_input(calibrated, tmp_path, capsys):
+    out, _ = calibrated
+    assert main(["validate", "--profile", str(out), "--policy", "vllm", "--out", str(tmp_path)]) == 2
+    assert "--policy 'vllm'" in capsys.readouterr().err
+    assert main(["validate", "--profile", str(out), "--contexts", "1024,x", "--out", str(tmp_path)]) == 2
+    assert "--contexts" in capsys.readouterr().err
+    assert main(["validate", "--profile", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    assert "profile: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "tpu"], "--device tpu"),
+        (["--layers", "0"], "--layers 0"),
+        (["--model", "gpt-9"], "unknown card 'gpt-9'"),
+        (["--model", "qwen3-30b-a3b", "--device", "cpu"], "is MoE"),
+    ],
+)
+def test_calibrate_cli_rejects_bad_input(tmp_path, capsys, argv, message):
+    assert main(["calibrate", "--out", str(tmp_path / "c"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
