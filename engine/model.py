@@ -33,6 +33,7 @@ class DecoderConfig:
     dtype: torch.dtype = torch.float32
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    max_seq_len: int | None = None  # context-length cap the model was trained for (tokens); None: unknown
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
@@ -44,6 +45,8 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise ValueError(f"DecoderConfig.max_seq_len={self.max_seq_len} must be >= 1 or None")
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
 
