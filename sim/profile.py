@@ -17,10 +17,11 @@ can carry the hardware measurements, the selection statistics of a real model, o
 A scenario names it with ``profile: PATH_OR_NAME``. :func:`apply_profile` then fills, from the profile,
 every section the scenario leaves out: ``hardware`` (so a profile replaces a datasheet card), ``model``
 (the model the compute was measured on) and ``recall_stats``. A scenario that gives its own ``hardware``
-as well as a profile with hardware is refused (one of the two would be ignored silently otherwise),
+(not null) as well as a profile with hardware is refused (one of the two would be ignored silently otherwise),
 unless the two are identical (a ``scenario.yaml`` written by a run). The simulator then takes link
 times and gather cost from the profile's hardware, per-layer compute and the LM head from
-``compute`` (sim/compute.py), selection cost from ``selection`` (sim/policies/offload.py) and the
+``compute`` (sim/compute.py; a profile measured on a few layers of the scenario's model applies to the whole
+model, since compute is per layer), selection cost from ``selection`` (sim/policies/offload.py) and the
 recall model's statistics from ``recall_stats`` (sim/recall.py).
 """
 
@@ -133,12 +134,13 @@ def apply_profile(raw: dict[str, Any]) -> dict[str, Any]:
         value = prof.get(section)
         if value is None:
             continue
-        if section not in raw:
+        if raw.get(section) is None:
             raw[section] = value
         elif section == "hardware" and raw[section] != value:
             given = raw[section] if isinstance(raw[section], str) else "an inline card"
             raise ProfileError(
                 f"hardware: the scenario names {given!r} and its profile carries measured hardware "
-                f"{value.get('name', '?')!r}; give one of the two (drop `hardware` to use the profile's)"
+                f"{value.get('name', '?')!r}; give one of the two (drop `hardware`, or --set hardware=null, "
+                "to use the profile's)"
             )
     return raw

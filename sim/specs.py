@@ -492,7 +492,19 @@ class Scenario(_Spec):
         if missing:
             raise ValueError(f"policies {missing} have no entry under policy")
         compute = self.profile.compute if self.profile else None
-        if compute is not None and compute.model != self.model.name:
+        measured = self.profile.model if self.profile else None
+        same_layers = (
+            measured is not None
+            and measured.model_copy(
+                update={
+                    "name": self.model.name,
+                    "num_layers": self.model.num_layers,
+                    "max_seq_len": self.model.max_seq_len,
+                }
+            )
+            == self.model
+        )  # per-layer compute of a few layers of this very model (a GPU calibration runs 4)
+        if compute is not None and compute.model != self.model.name and not same_layers:
             raise ValueError(
                 f"profile.compute was measured on model {compute.model!r} but the scenario's model is "
                 f"{self.model.name!r}; use that model (leave `model` out to take the profile's) or a profile "

@@ -72,9 +72,12 @@ def test_folder_and_override_name_the_profile(tmp_path):
 
 
 def test_profile_compute_for_another_model_is_refused(tmp_path):
-    profile = _profile(tmp_path, compute={**COMPUTE, "model": "qwen3-14b-4l-w4-fp32"})
-    with pytest.raises(ScenarioError, match="measured on model 'qwen3-14b-4l-w4-fp32'"):
-        _scenario(tmp_path, profile)
+    profile = _profile(tmp_path, compute={**COMPUTE, "model": "llama-3.1-8b"})
+    data = yaml.safe_load(open(profile))
+    data["model"] = load_card("model", "llama-3.1-8b")
+    open(profile, "w").write(yaml.safe_dump(data))
+    with pytest.raises(ScenarioError, match="measured on model 'llama-3.1-8b'"):
+        _scenario(tmp_path, profile, {"model": "qwen3-14b"})
 
 
 def test_hardware_card_and_profile_hardware_conflict(tmp_path):
@@ -187,3 +190,27 @@ def test_profile_round_trips_through_write(tmp_path):
     prof = Profile.model_validate(yaml.safe_load(open(_profile(tmp_path, compute=COMPUTE))))
     write_profile(prof, tmp_path / "again" / "profile.yaml")
     assert load_profile(tmp_path / "again") == prof
+
+
+def test_profile_of_a_few_layers_applies_to_the_whole_model(tmp_path):
+    """A GPU calibration runs 4 layers of the card at full width; its per-layer compute serves all 40."""
+    few = {**load_card("model", "qwen3-14b"), "name": "qwen3-14b-4l", "num_layers": 4}
+    path = tmp_path / "profile.yaml"
+    hardware = {**load_card("hardware", "h200"), "name": "calibrated-h200"}
+    path.write_text(
+        yaml.safe_dump({"hardware": hardware, "model": few, "compute": {**COMPUTE, "model": "qwen3-14b-4l"}})
+    )
+    scenario = _scenario(tmp_path, str(path), {"model": "qwen3-14b"})
+    assert scenario.model.num_layers == 40 and scenario.profile.compute.model == "qwen3-14b-4l"
+    narrow = {**few, "name": "qwen3-14b-4l-w4", "num_kv_heads": 2, "num_heads": 10}
+    path.write_text(
+        yaml.safe_dump({"hardware": hardware, "model": narrow, "compute": {**COMPUTE, "model": "qwen3-14b-4l-w4"}})
+    )
+    with pytest.raises(ScenarioError, match="measured on model 'qwen3-14b-4l-w4'"):
+        _scenario(tmp_path, str(path), {"model": "qwen3-14b"})
+
+
+def test_null_hardware_override_takes_the_profiles(tmp_path):
+    profile = _profile(tmp_path, compute=COMPUTE)
+    scenario = _scenario(tmp_path, None, {"hardware": "h100-sxm"}, overrides=["hardware=null", f"profile={profile}"])
+    assert scenario.hardware.name == "calibrated-h200"
