@@ -14,7 +14,17 @@ import argparse
 import importlib
 
 EXIT_BAD_INPUT = 2
-COMMANDS = ["simulate", "search", "plan", "plot", "engine_bench", "trace"]  # pulseinfer.commands modules, help order
+COMMANDS = [
+    "simulate",
+    "search",
+    "plan",
+    "plot",
+    "calibrate",
+    "validate",
+    "accuracy",
+    "engine_bench",
+    "trace",
+]  # command modules, help order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,9 @@ For an offloaded request r with ``ctx`` KV tokens, at layer l and step t (DESIGN
     missing             = ⌊k · q + U⌋, U ~ Uniform(0, 1)   (unbiased stochastic rounding)
 
 W is what an LRU buffer must hold to keep the last w = ``working_set_steps`` steps: the current k plus
-the m_l·k blocks each step drops from the selection (they stay in LRU order behind the selected ones). A
+the m_l·k blocks each step drops from the selection (they stay in LRU order behind the selected ones), or
+W = k · ``working_set_ratio`` when the statistics carry a measured ratio (a real model's selections flicker
+among few blocks, so W is far smaller than the bound). A
 returning block left the selection j steps ago (j uniform in 1..w); it is still buffered when
 k + j·m_l·k ≤ B, hence h. A recall buffer of B = ``recall_buffer_blocks`` ≥ W serves every returning block
 from HBM. ``tests/sim/test_recall_reference.py`` checks h against an explicit LRU buffer that tracks
@@ -92,7 +94,10 @@ class RecallModel:
         self.inv_a = 1.0 / stats.change_shape_a
         self.inv_b = 1.0 / np.array([kumaraswamy_b(m, stats.change_shape_a) for m in self.change_mean])
         self.returning = stats.returning_frac
-        self.working_growth = stats.working_set_steps * self.change_mean  # [L]: (W − k) / k
+        if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
+            self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
+        else:
+            self.working_growth = stats.working_set_steps * self.change_mean  # [L]: (W − k) / k
 
     def offloaded_blocks(self, ctx: np.ndarray) -> np.ndarray:
         """Blocks outside the sink and recent window, per request (int64 [n])."""

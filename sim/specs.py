@@ -349,6 +349,9 @@ class RecallStatsSpec(_Spec):
     selected within the last ``working_set_steps`` steps and hit the recall buffer when it holds that
     working set; the rest are new and always recalled.
 
+    A profile from ``pulseinfer calibrate selection`` replaces these with a real model's measurements
+    (calibrate/selection_fit.py), including ``working_set_ratio``, the measured size of the working set.
+
     Defaults (Model assumption, placeholders until the engine measures them on a real model): the level,
     under 25 % of blocks changing per step, is NOSA's (REFERENCE.md §2.1); ``returning_frac`` 0.5 and the
     12-step window are SparseServe's working-set figures (+10.7 % overlap from 1 to 12 steps, +0.3 % beyond,
@@ -363,6 +366,11 @@ class RecallStatsSpec(_Spec):
     change_shape_a: PositiveFloat = 2.0  # Kumaraswamy a; b follows from the mean
     returning_frac: Annotated[float, Field(ge=0, le=1)] = 0.5
     working_set_steps: PositiveInt = 12
+    # Measured W / k: distinct blocks selected over the last working_set_steps steps per selected block
+    # (`pulseinfer calibrate selection`). None: the model assumption W = k (1 + w · m_l). Selections that flicker
+    # among a few blocks have a far smaller working set (SmolLM2, 2K context, budget 512: 1.54 vs 2.7).
+    working_set_ratio: Annotated[float, Field(ge=1)] | None = None
+    headwise_union_ratio: Annotated[float, Field(ge=1)] | None = None  # measured |∪_h S_h| / k; informational
 
     @model_validator(mode="after")
     def _check_knots(self) -> RecallStatsSpec:

@@ -52,7 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sel.add_argument("--out", type=Path, default=None, help="folder (default: the calibrate --out folder)")
     sel.add_argument("--budgets", default="256,512,1024", help="budget tokens to measure, comma-separated")
     sel.add_argument("--context", type=int, default=2048, help="context tokens of real text before decoding")
-    sel.add_argument("--steps", type=int, default=None, help="decode steps recorded (default: the module's)")
+    sel.add_argument("--steps", type=int, default=None, help="teacher-forced decode steps recorded (default 128)")
+    sel.add_argument("--buffer-blocks", type=int, default=None, help="LRU recall buffer per layer (default: 2x budget)")
     return p
 
 
@@ -98,19 +99,24 @@ def run(args: argparse.Namespace) -> int:
 def _run_selection(args: argparse.Namespace) -> int:
     out = args.out or Path("results/calibration")
     try:
-        import_torch()
+        torch = import_torch()
+        torch.set_num_threads(args.threads or 1)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
         check_out_folder(out)
         budgets = int_list(args.budgets, "--budgets")
         if args.context < 64:
             raise ValueError(f"--context {args.context}: must be >= 64 tokens")
-        if args.steps is not None and args.steps < 2:
-            raise ValueError(f"--steps {args.steps}: must be >= 2 (changes need two steps)")
+        if args.steps is not None and args.steps <= 12:
+            raise ValueError(f"--steps {args.steps}: must exceed the 12-step working set")
         from calibrate.selection import run_selection_calibration
         from engine.weights import ModelNotInstalled
 
         kwargs = {"budgets": budgets, "context_tokens": args.context, "out_dir": out}
         if args.steps is not None:
             kwargs["steps"] = args.steps
+        if args.buffer_blocks is not None:
+            if args.buffer_blocks < 1:
+                raise ValueError(f"--buffer-blocks {args.buffer_blocks}: must be >= 1")
+            kwargs["buffer_blocks"] = args.buffer_blocks
         try:
             result = run_selection_calibration(**kwargs)
         except ModelNotInstalled as exc:
@@ -118,7 +124,32 @@ def _run_selection(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if result is not None:
-        print(result)
-    print(f"\nrecall_stats written into {out / 'profile.yaml'}; selection_stats.csv beside it")
+    import pandas as pd
+
+    rows = [
+        (
+            budget,
+            summary["miss_frac"],
+            summary["headwise_miss_frac"],
+            summary["closed_form_miss_frac"],
+            summary["union_ratio"],
+            summary["working_set_ratio"],
+            summary["fragments_per_step_solohead"],
+            summary["fragments_per_step_headwise"],
+        )
+        for budget, summary in sorted(result.summaries.items())
+    ]
+    columns = [
+        "budget_tokens", "miss_solohead", "miss_headwise", "miss_simulated", "union_ratio", "working_set_ratio",
+        "fragments_solohead", "fragments_headwise",
+    ]  # fmt: skip
+    print(pd.DataFrame(rows, columns=columns).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    stats = result.recall_stats
+    means = [m for _, m in stats["change_mean_by_depth"]]
+    print(
+        f"\nfitted at budget {result.fit_budget}: change per step {min(means):.3f}-{max(means):.3f} over depth "
+        f"(mean {sum(means) / len(means):.3f}), Kumaraswamy a {stats['change_shape_a']:.2f}, returning "
+        f"{stats['returning_frac']:.3f}, working set {stats['working_set_ratio']:.2f} k"
+    )
+    print(f"recall_stats written into {result.profile_path}; selection_stats.csv and selection_summary.yaml beside it")
     return 0

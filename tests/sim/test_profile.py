@@ -214,3 +214,19 @@ def test_null_hardware_override_takes_the_profiles(tmp_path):
     profile = _profile(tmp_path, compute=COMPUTE)
     scenario = _scenario(tmp_path, None, {"hardware": "h100-sxm"}, overrides=["hardware=null", f"profile={profile}"])
     assert scenario.hardware.name == "calibrated-h200"
+
+
+def test_measured_working_set_ratio_sets_the_buffer_hit(tmp_path):
+    """With a measured W / k the LRU hit is clip((B − k) / (k (r − 1))): a buffer of 2k holds a 1.5k working set,
+    so every returning block hits and the miss fraction is change · (1 − returning_frac)."""
+    stats = {"change_mean_by_depth": [[0.0, 0.2]], "returning_frac": 0.8, "working_set_ratio": 1.5}
+    scenario = _scenario(tmp_path, _profile(tmp_path, recall_stats=stats))
+    pol = scenario.policy["pulseinfer"].model_copy(update={"recall_buffer_blocks": 2 * 128, "budget_tokens": 2048})
+    recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
+    q = recall.miss_fraction(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    assert q.mean() == pytest.approx(0.2 * (1 - 0.8), rel=0.03)
+    assumed = RecallModel(
+        scenario.model, pol, scenario.recall_stats.model_copy(update={"working_set_ratio": None}), recall.link
+    )
+    q_assumed = assumed.miss_fraction(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    assert q_assumed.mean() > q.mean() * 1.3  # the assumed W = k (1 + 12 · 0.2) = 3.4 k overflows a 2k buffer

