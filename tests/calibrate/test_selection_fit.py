@@ -171,3 +171,39 @@ def test_calibration_runs_end_to_end_on_the_tiny_decoder(tmp_path):
     assert "budget 64 tokens" in profile.recall_stats_source
     summary = yaml.safe_load((tmp_path / "selection_summary.yaml").read_text())
     assert set(summary["budgets"]) == {32, 64, 128}
+
+
+def test_a_selection_profile_drives_the_simulators_recall_volume(tmp_path):
+    """`calibrate selection` output, named by a scenario, sets the recall model: the sampled recall bytes follow
+    the profile's expected miss fractions, and differ from the default statistics' volume."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from calibrate.selection import run_selection_calibration
+    from engine.model import init_weights, tiny_cpu_config
+    from engine.weights import LoadedModel
+    from sim.link import LinkModel
+    from sim.loader import load_scenario
+    from sim.recall import RecallModel
+
+    torch.set_num_threads(1)
+    config = tiny_cpu_config()
+    model = LoadedModel(config, init_weights(config, seed=0), _CharTokenizer(config.vocab_size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_selection_calibration(budgets=(32, 64), context_tokens=384, steps=30, out_dir=tmp_path, model=model)
+    scenario = load_scenario("default", [f"profile={tmp_path}", "run.progress=false"])
+    profile = Profile.model_validate(yaml.safe_load((tmp_path / "profile.yaml").read_text()))
+    assert scenario.recall_stats == profile.recall_stats
+    assert scenario.hardware.name == load_scenario("default").hardware.name  # a stats-only profile keeps the card
+    policy, link = scenario.policy["pulseinfer"], LinkModel(scenario.hardware)
+    n, k = 3000, policy.budget_tokens // policy.block_size
+    ctx, warm = np.full(n, 100_000), np.zeros(n, dtype=bool)
+    volumes = {}
+    for name, stats in (("profile", scenario.recall_stats), ("default", RecallStatsSpec())):
+        recall = RecallModel(scenario.model, policy, stats, link)
+        fragments = recall.step(ctx, warm, np.random.default_rng(0)).fragments.sum()
+        expected = n * scenario.model.num_layers * recall.expected_layer_fragments(cold=False)
+        assert fragments == pytest.approx(expected, rel=0.03)
+        volumes[name] = fragments / (n * scenario.model.num_layers * k)
+    assert volumes["profile"] != pytest.approx(volumes["default"], rel=0.1)
