@@ -160,8 +160,11 @@ def fit_compute(compute: pd.DataFrame, model_name: str) -> ComputeProfile:
     Raises:
         ValueError: if there are fewer than three (batch, context) points.
     """
-    layer = fastest(compute, ["batch_size", "attended_tokens"], "layer_s")
-    head = fastest(compute, ["batch_size", "attended_tokens"], "head_s")
+    # A point is (batch, context); its rounds differ by a token or two of context, so group by the point (not by
+    # attended tokens, which would leave one round per group and nothing to take the fastest of).
+    keys = ["batch_size", "context_tokens"]
+    layer = fastest(compute, keys, "layer_s").merge(compute.groupby(keys, as_index=False)["attended_tokens"].mean())
+    head = fastest(compute, keys, "head_s")
     if len(layer) < 3:
         raise ValueError(f"compute.csv needs at least three (batch, context) points, got {len(layer)}")
     b, t = layer["batch_size"].to_numpy(float), layer["attended_tokens"].to_numpy(float)

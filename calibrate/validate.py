@@ -147,17 +147,19 @@ def validate(
     """Measure and simulate every policy; return (validation table, per-step table).
 
     Raises:
+        ValueError: unknown policy; ScenarioError (a ValueError) or CapacityError if the simulator refuses the
+            profile — both before the engine runs.
         RuntimeError: if the engine and the simulator disagree on the step sequence (batch sizes), which
             would make the comparison meaningless.
     """
     rows, step_tables = [], []
-    for name in policies:
-        engine_policy(name)  # fail on an unknown name before measuring anything
+    # Simulate first: an unknown policy or a profile the simulator refuses fails before any engine time is spent.
+    simulated_by_policy = {name: simulate_steps(profile, name, workload, seed) for name in policies}
     for name in policies:
         if progress:
             progress(name)
         measured = measure_engine(profile, name, workload, device, repeats, seed)
-        simulated = simulate_steps(profile, name, workload, seed)
+        simulated = simulated_by_policy[name]
         if (
             len(measured) != len(simulated)
             or (measured["batch_size"].to_numpy() != simulated["batch_size"].to_numpy()).any()

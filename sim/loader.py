@@ -79,7 +79,8 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     """
     from sim.profile import apply_profile  # sim.profile imports this module
 
-    raw = apply_profile(_read_yaml(resolve_scenario_path(scenario)))
+    path = resolve_scenario_path(scenario)
+    raw = apply_profile(_read_yaml(path), path.parent)
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
@@ -151,7 +152,8 @@ def format_validation_error(exc: ValidationError) -> str:
         shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(f"{loc or 'scenario'}: {msg}{shown}")
-    return "; ".join(parts)
+    # A section filled from a profile fails twice (as `hardware.x` and `profile.hardware.x`): report it once.
+    return "; ".join(p for p in parts if not (p.startswith("profile.") and p.removeprefix("profile.") in parts))
 
 
 def dump_scenario(scenario: Scenario, path: Path) -> None:

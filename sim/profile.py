@@ -54,15 +54,24 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in profiles_dir().glob("*.yaml"))
 
 
-def resolve_profile_path(profile: str | Path) -> Path:
+def resolve_profile_path(profile: str | Path, base_dir: Path | None = None) -> Path:
     """A profile YAML path, a folder holding ``profile.yaml`` (a calibration's ``--out``), or a shipped name.
+
+    A relative path is tried against ``base_dir`` (the folder of the scenario naming it) first, then the
+    current directory.
 
     Raises:
         ProfileError: if none of these exists (the message lists the shipped profiles).
     """
     path = Path(profile)
-    if path.is_dir() and (path / "profile.yaml").is_file():
-        return path / "profile.yaml"
+    if base_dir is not None and not path.is_absolute() and (base_dir / path).exists():
+        path = base_dir / path
+    if path.is_dir():
+        if (path / "profile.yaml").is_file():
+            return path / "profile.yaml"
+        raise ProfileError(
+            f"profile: folder {path} has no profile.yaml (write one with `pulseinfer calibrate --out {path}`)"
+        )
     if path.is_file():
         return path
     shipped = profiles_dir() / f"{profile}.yaml"
@@ -74,18 +83,21 @@ def resolve_profile_path(profile: str | Path) -> Path:
     )
 
 
-def read_profile(profile: str | Path) -> dict[str, Any]:
-    """The profile's YAML as a plain dict (not validated).
+def read_profile(profile: str | Path, base_dir: Path | None = None) -> dict[str, Any]:
+    """The profile's YAML as a plain dict (not validated); ``base_dir`` as in :func:`resolve_profile_path`.
 
     Raises:
-        ProfileError: missing file, unreadable YAML, or a top level that is not a mapping.
+        ProfileError: missing file, unreadable YAML (with its line and column), or a top level that is not a
+            mapping.
     """
-    path = resolve_profile_path(profile)
+    path = resolve_profile_path(profile, base_dir)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProfileError(f"profile: cannot read {path}: {detail}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ProfileError(f"profile: cannot read {path}{where}: {detail}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"profile: {path} must hold a mapping of sections, got {type(data).__name__}")
     return data
@@ -111,11 +123,12 @@ def write_profile(profile: Profile, path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def apply_profile(raw: dict[str, Any]) -> dict[str, Any]:
+def apply_profile(raw: dict[str, Any], base_dir: Path | None = None) -> dict[str, Any]:
     """Resolve ``raw["profile"]`` (a name or path) and fill the scenario sections it leaves out.
 
     Args:
         raw: a scenario as read from YAML (cards may still be names). Modified and returned.
+        base_dir: the scenario file's folder, against which a relative profile path is tried first.
 
     Raises:
         ProfileError: the profile cannot be read, or the scenario gives a hardware card as well as a
@@ -125,7 +138,7 @@ def apply_profile(raw: dict[str, Any]) -> dict[str, Any]:
     if ref is None:
         return raw
     if isinstance(ref, (str, Path)):
-        raw["profile"] = prof = read_profile(ref)
+        raw["profile"] = prof = read_profile(ref, base_dir)
     elif isinstance(ref, dict):
         prof = ref
     else:

@@ -413,6 +413,14 @@ class ComputeProfile(_Spec):
     head_mape_pct: NonNeg = 0.0
     points: Annotated[int, Field(ge=0)] = 0
 
+    @model_validator(mode="after")
+    def _check_positive(self) -> ComputeProfile:
+        if self.layer_base_us + self.layer_per_request_us + self.layer_per_token_ns <= 0:
+            raise ValueError(
+                "layer_base_us, layer_per_request_us and layer_per_token_ns are all 0: a layer would take no time"
+            )
+        return self
+
 
 class SelectionProfile(_Spec):
     """Measured cost of block selection (Quest scores over summaries, top-k), per layer and decode step::
@@ -447,6 +455,15 @@ class Profile(_Spec):
     selection: SelectionProfile | None = None
     recall_stats: RecallStatsSpec | None = None
     recall_stats_source: str | None = None
+
+    @model_validator(mode="after")
+    def _check_model(self) -> Profile:
+        if self.compute is not None and self.model is not None and self.compute.model != self.model.name:
+            raise ValueError(
+                f"compute.model {self.compute.model!r} differs from model.name {self.model.name!r}: the compute "
+                "section must describe the profile's own model"
+            )
+        return self
 
 
 class ServingSpec(_Spec):
@@ -515,8 +532,8 @@ class Scenario(_Spec):
         if compute is not None and compute.model != self.model.name and not same_layers:
             raise ValueError(
                 f"profile.compute was measured on model {compute.model!r} but the scenario's model is "
-                f"{self.model.name!r}; use that model (leave `model` out to take the profile's) or a profile "
-                "calibrated with --model " + self.model.name
+                f"{self.model.name!r}; use that model (leave `model` out, or --set model=null, to take the "
+                f"profile's) or a profile calibrated with --model {self.model.name}"
             )
         return self
 

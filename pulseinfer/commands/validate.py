@@ -70,23 +70,34 @@ def run(args: argparse.Namespace) -> int:
         if len(outputs) == 1:
             outputs = outputs * len(contexts)
         workload = ValidationWorkload(contexts, outputs)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads {args.threads}: must be >= 1")
         threads = args.threads or int(profile.metadata.get("threads") or 1)
-        if threads < 1:
-            raise ValueError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     except (ImportError, ValueError) as exc:  # ScenarioError and ProfileError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from tqdm import tqdm
 
+    from sim.kv import CapacityError
+
     started = time.perf_counter()
-    with tqdm(total=len(policies), desc="validate", unit="policy", file=sys.stderr) as bar:
+    try:
+        with tqdm(total=len(policies), desc="validate", unit="policy", file=sys.stderr) as bar:
 
-        def step(name: str) -> None:
-            bar.set_postfix_str(name)
+            def step(name: str) -> None:
+                if bar.postfix:  # the previous policy is done
+                    bar.update(1)
+                bar.set_postfix_str(name)
 
-        table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=step)
-        bar.update(len(policies))
+            table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=step)
+            bar.update(bar.total - bar.n)
+    except (ValueError, CapacityError) as exc:  # the simulator refused the profile: before any engine run
+        print(f"error: --profile {args.profile}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "validation.csv", index=False)
     steps.to_csv(args.out / "validation_steps.csv", index=False)

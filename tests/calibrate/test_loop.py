@@ -24,8 +24,8 @@ TINY = BenchGrid(
     fragment_counts=(16, 128, 512),
     host_pool_bytes=64 << 20,
     compute_batches=(1, 2, 4),
-    compute_contexts=(1024, 4096),
-    compute_steps=3,
+    compute_contexts=(1024, 2048, 4096),
+    compute_steps=5,
     selection_batches=(1, 4),
     selection_contexts=(2048, 4096),
     matmul_size=256,
@@ -75,7 +75,7 @@ def test_validation_mean_tpot_within_bound(calibrated, tmp_path):
             if i == 0
             else run_calibration(CalibrationSettings(device="cpu", layers=2, scale=8), tmp_path / str(i), grid=TINY)
         )
-        table, steps = validate(profile, ["sglang", "pulseinfer"], WORKLOAD, "cpu", repeats=3)
+        table, steps = validate(profile, ["sglang", "pulseinfer"], WORKLOAD, "cpu", repeats=5)
         print("\n" + table.to_string(index=False))
         assert list(steps["batch_size"][steps["policy"] == "sglang"]) == [4] * 5 + [3] * 2 + [2] * 2 + [1] * 2
         mean = table[table["metric"] == "tpot_mean_ms"].set_index("policy")["error_pct"]
@@ -124,3 +124,32 @@ def test_calibrate_cli_rejects_bad_input(tmp_path, capsys, argv, message):
     assert main(["calibrate", "--out", str(tmp_path / "c"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_validate_refuses_a_profile_the_simulator_cannot_run_before_the_engine_runs(calibrated, tmp_path, capsys):
+    import yaml
+
+    out, _ = calibrated
+    data = yaml.safe_load((out / "profile.yaml").read_text())
+    data["hardware"]["hbm_gib"] = 0.001
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(data))
+    assert (
+        main(["validate", "--profile", str(small), "--contexts", "512", "--output-tokens", "4", "--out", str(tmp_path)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "Traceback" not in err
+
+
+def test_calibrate_selection_takes_the_parent_out_and_refuses_hardware_flags(tmp_path, capsys):
+    from pulseinfer.cli import build_parser
+
+    args = build_parser().parse_args(["calibrate", "--out", str(tmp_path / "x"), "selection"])
+    assert (args.selection_out or args.out) == tmp_path / "x"
+    args = build_parser().parse_args(["calibrate", "selection", "--out", str(tmp_path / "y")])
+    assert (args.selection_out or args.out) == tmp_path / "y"
+    assert main(["calibrate", "--model", "llama-3.1-8b", "selection", "--out", str(tmp_path)]) == 2
+    assert "--model: options of the hardware calibration" in capsys.readouterr().err
+    assert main(["calibrate", "selection", "--context", "100", "--out", str(tmp_path)]) == 2
+    assert "--context 100: must be >= 1120" in capsys.readouterr().err

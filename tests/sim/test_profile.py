@@ -230,3 +230,54 @@ def test_measured_working_set_ratio_sets_the_buffer_hit(tmp_path):
     )
     q_assumed = assumed.miss_fraction(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q_assumed.mean() > q.mean() * 1.3  # the assumed W = k (1 + 12 · 0.2) = 3.4 k overflows a 2k buffer
+
+
+def test_profile_input_errors_are_one_clear_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ScenarioError, match="has no profile.yaml"):
+        load_profile(empty)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hardware: [1, 2\n")
+    with pytest.raises(ScenarioError, match=r"line 2, column 1"):
+        load_profile(bad)
+    zero = {**COMPUTE, "layer_base_us": 0, "layer_per_request_us": 0, "layer_per_token_ns": 0}
+    with pytest.raises(ScenarioError, match="would take no time"):
+        load_profile(_profile(tmp_path, compute=zero))
+    with pytest.raises(ScenarioError, match="compute.model 'other' differs from model.name 'qwen3-14b'"):
+        load_profile(_profile(tmp_path, compute={**COMPUTE, "model": "other"}))
+
+
+def test_a_field_filled_from_the_profile_is_reported_once(tmp_path):
+    path = _profile(tmp_path)
+    data = yaml.safe_load(open(path))
+    data["hardware"]["h2d_bandwidth_gbps"] = -5
+    open(path, "w").write(yaml.safe_dump(data))
+    with pytest.raises(ScenarioError) as err:
+        _scenario(tmp_path, path)
+    assert str(err.value).count("h2d_bandwidth_gbps") == 1
+
+
+def test_relative_profile_path_is_found_next_to_the_scenario(tmp_path, monkeypatch):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    _profile(folder, compute=COMPUTE)  # study/profile.yaml
+    (folder / "scenario.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "profile": "profile.yaml",
+                "workload": {
+                    "trace": None,
+                    "synthetic": {
+                        "num_requests": 2,
+                        "rate_per_s": 1,
+                        "prompt_tokens_mean": 9000,
+                        "output_tokens_mean": 9,
+                    },
+                },
+                "policies": ["sglang"],
+            }
+        )
+    )
+    monkeypatch.chdir(tmp_path)  # the profile is not in the current directory
+    assert load_scenario(str(folder / "scenario.yaml")).hardware.name == "calibrated-h200"
