@@ -174,7 +174,7 @@ def test_accuracy_command_writes_the_csv_for_the_tiny_model(tmp_path, capsys):
     ],
 )
 def test_accuracy_command_bad_input_exits_2_with_one_error_line(tmp_path, capsys, argv, needle):
-    code = main(["accuracy", "--model", "tiny", "--context", "64", "--out", str(tmp_path), "--no-progress", *argv])
+    code = main(["accuracy", "--model", "tiny", "--context", "128", "--out", str(tmp_path), "--no-progress", *argv])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0]
