@@ -65,7 +65,8 @@ class StepIndices:
     tail_offsets: torch.Tensor  # int64 [B], its offset in that block
     attend_slots: torch.Tensor  # int64 [B, R + K]: per row the request's resident slots, its arena, then padding
     attend_tokens: torch.Tensor  # int64 [B, R + K], valid tokens per slot (0 = padding)
-    attend_counts: list[int]  # host ints [B]: row b's first attend_counts[b] entries are its own (no padding)
+    attend_counts: list[int]  # host ints [B]: row b's first attend_counts[b] entries are its own resident slots and
+    # the arena slots its selection fills (a request with fewer candidates than K leaves the rest unread)
     candidates: torch.Tensor  # int64 [B, C], host ids of offloaded blocks (padding: 0)
     candidate_valid: torch.Tensor  # bool [B, C]
     arena_cpu: torch.Tensor  # int64 [B, K] on CPU, recall destinations
@@ -223,7 +224,7 @@ class OffloadedKVCache:
             tail_offsets=torch.tensor([n % p for n in lengths], device=dev),
             attend_slots=torch.tensor(slot_rows, dtype=torch.int64, device=dev),
             attend_tokens=torch.tensor(token_rows, dtype=torch.int64, device=dev),
-            attend_counts=[len(r) + k for r in resident],
+            attend_counts=[len(r) + min(k, len(c)) for r, c in zip(resident, candidates)],  # filled arena only
             candidates=torch.tensor([c + [0] * (c_max - len(c)) for c in candidates], dtype=torch.int64, device=dev),
             candidate_valid=torch.tensor(
                 [[True] * len(c) + [False] * (c_max - len(c)) for c in candidates], dtype=torch.bool, device=dev
