@@ -135,6 +135,25 @@ def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkl
     )
 
 
+def speed_drift(profile: Profile, device: str, batch: int = 4, context: int = 4096, seed: int = 0) -> float:
+    """Measured / fitted per-layer time of one dense decode point now, against the profile's compute fit.
+
+    A shared machine can run tens of percent slower or faster than it did during calibration; validation
+    errors then include that drift. This re-measures one point of the calibration grid (fastest of 3 rounds)
+    in about a second of engine time so the caller can say so. Returns the ratio (1.0 = same speed).
+    """
+    from calibrate.bench import bench_compute
+
+    config = decoder_config(profile.model)
+    table = bench_compute(config, [batch], [context], 3, device, seed)
+    row = table.loc[table["layer_s"].idxmin()]
+    c = profile.compute
+    fitted = (c.layer_base_us + c.layer_per_request_us * batch) * 1e-6 + c.layer_per_token_ns * 1e-9 * row[
+        "attended_tokens"
+    ]
+    return float(row["layer_s"] / fitted)
+
+
 def validate(
     profile: Profile,
     policies: list[str],

@@ -79,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     from tqdm import tqdm
 
+    from calibrate.validate import speed_drift
     from sim.kv import CapacityError
 
     started = time.perf_counter()
+    drift = speed_drift(profile, device, seed=args.seed)
     try:
         with tqdm(total=len(policies), desc="validate", unit="policy", file=sys.stderr) as bar:
 
@@ -110,5 +112,11 @@ def run(args: argparse.Namespace) -> int:
         f"tokens, {args.repeats} engine runs per policy, {time.perf_counter() - started:.0f} s"
     )
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
+    print(f"\nengine speed now vs at calibration (one dense point, measured / fitted layer time): {drift:.2f}")
+    if abs(drift - 1) > 0.15:
+        print(
+            f"note: the machine runs {abs(drift - 1):.0%} {'slower' if drift > 1 else 'faster'} than when the profile "
+            "was calibrated; the errors above include that drift. Calibrate again on a quiet machine, then validate."
+        )
     print(f"\ntables and plot in {args.out}/ (validation.csv, validation_steps.csv, validation_steps.png)")
     return 0

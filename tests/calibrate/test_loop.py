@@ -98,7 +98,8 @@ def test_validate_cli_writes_csv_and_plot(calibrated, tmp_path, capsys):
     assert (tmp_path / "validation_steps.png").stat().st_size > 0
     header = (tmp_path / "validation.csv").read_text().splitlines()[0]
     assert header == "policy,metric,simulated,measured,error_pct"
-    assert "tpot_mean_ms" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "tpot_mean_ms" in out_text and "engine speed now vs at calibration" in out_text
 
 
 def test_validate_cli_rejects_bad_input(calibrated, tmp_path, capsys):
