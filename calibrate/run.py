@@ -208,7 +208,15 @@ def run_calibration(
         if compute_fit.layer_per_token_ns
         else 1e3
     )
+    # One measured grid point (middle batch, middle context) kept so `validate` can re-measure it and report how
+    # much faster or slower the machine runs than during calibration (calibrate/validate.py speed_drift).
+    ref_batch = sorted(grid.compute_batches)[len(grid.compute_batches) // 2]
+    ref_context = sorted(grid.compute_contexts)[len(grid.compute_contexts) // 2]
+    at_ref = compute[(compute["batch_size"] == ref_batch) & (compute["context_tokens"] == ref_context)]
     metadata = {
+        "speed_ref_batch": int(ref_batch),
+        "speed_ref_context": int(ref_context),
+        "speed_ref_layer_s": float(at_ref["layer_s"].min()),
         "device": device,
         "device_name": device_name(device),
         "torch_version": str(torch.__version__),

@@ -135,23 +135,27 @@ def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkl
     )
 
 
-def speed_drift(profile: Profile, device: str, batch: int = 4, context: int = 4096, seed: int = 0) -> float:
-    """Measured / fitted per-layer time of one dense decode point now, against the profile's compute fit.
+def speed_drift(profile: Profile, device: str, seed: int = 0) -> float:
+    """Layer time of one dense decode point measured now / measured at calibration (1.0 = same speed).
 
     A shared machine can run tens of percent slower or faster than it did during calibration; validation
-    errors then include that drift. This re-measures one point of the calibration grid (fastest of 3 rounds)
-    in about a second of engine time so the caller can say so. Returns the ratio (1.0 = same speed).
+    errors then include that drift. The profile's metadata names the point (``speed_ref_batch``,
+    ``speed_ref_context``) and its calibrated time (``speed_ref_layer_s``); this re-measures it the same way
+    (fastest of 3 rounds, about a second of engine time on a CPU). Profiles without the reference compare with
+    the compute fit at batch 4, context 4096 instead (less exact: the fit's own error at that point counts).
     """
     from calibrate.bench import bench_compute
 
-    config = decoder_config(profile.model)
-    table = bench_compute(config, [batch], [context], 3, device, seed)
+    meta, c = profile.metadata, profile.compute
+    batch, context = int(meta.get("speed_ref_batch") or 4), int(meta.get("speed_ref_context") or 4096)
+    table = bench_compute(decoder_config(profile.model), [batch], [context], 3, device, seed)
     row = table.loc[table["layer_s"].idxmin()]
-    c = profile.compute
-    fitted = (c.layer_base_us + c.layer_per_request_us * batch) * 1e-6 + c.layer_per_token_ns * 1e-9 * row[
-        "attended_tokens"
-    ]
-    return float(row["layer_s"] / fitted)
+    reference = meta.get("speed_ref_layer_s")
+    if not reference:
+        reference = (c.layer_base_us + c.layer_per_request_us * batch) * 1e-6 + c.layer_per_token_ns * 1e-9 * float(
+            row["attended_tokens"]
+        )
+    return float(row["layer_s"] / float(reference))
 
 
 def validate(

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         f"tokens, {args.repeats} engine runs per policy, {time.perf_counter() - started:.0f} s"
     )
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
-    print(f"\nengine speed now vs at calibration (one dense point, measured / fitted layer time): {drift:.2f}")
+    print(f"\nengine speed now vs at calibration (one dense grid point, layer time now / then): {drift:.2f}")
     if abs(drift - 1) > 0.15:
         print(
             f"note: the machine runs {abs(drift - 1):.0%} {'slower' if drift > 1 else 'faster'} than when the profile "

@@ -49,7 +49,7 @@ def test_calibration_writes_tables_and_a_profile_the_simulator_reads(calibrated)
     for name in ("copy", "recall", "compute", "selection", "matmul"):
         assert (out / f"{name}.csv").stat().st_size > 0
     meta = (out / "metadata.yaml").read_text()
-    for key in ("device_name", "torch_version", "pinned", "commit", "date"):
+    for key in ("device_name", "torch_version", "pinned", "commit", "date", "speed_ref_layer_s"):
         assert key in meta
     loaded = load_profile(out)
     assert loaded == profile
