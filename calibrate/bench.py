@@ -31,6 +31,7 @@ alike; fits take the fastest repeat of each point (calibrate/fit.py).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from calibrate.harness import EnginePolicy, build_decoder
+from calibrate.harness import EnginePolicy, build_decoder, timed_step
 from engine.io import make_io
 from engine.model import DecoderConfig, init_weights, project_query
 from engine.pools import make_pools
@@ -210,19 +211,12 @@ def bench_compute(
     rows = []
     for rnd in range(warmup_steps + steps):
         for (batch, ctx), decoder in zip(points, decoders):
-            first = decoder.step
-            decoder.decode_step(list(range(batch)), torch.zeros(batch, dtype=torch.int64, device=device))
-            table = decoder.timer.table()
-            decoder.timer.clear()
+            tokens = torch.zeros(batch, dtype=torch.int64, device=device)
+            _, step_s, layers = timed_step(decoder, list(range(batch)), tokens)
             if rnd < warmup_steps:
                 continue
-            mine = table[table["step"] == first]
-            layers = mine.loc[mine["name"] == "layer", "seconds"]
-            step_s = float(mine.loc[mine["name"] == "step", "seconds"].sum())
             attended = batch * (ctx + 1 + rnd)  # the context grows by one token per step
-            rows.append(
-                (batch, ctx, attended, rnd - warmup_steps, float(layers.median()), step_s - float(layers.sum()))
-            )
+            rows.append((batch, ctx, attended, rnd - warmup_steps, statistics.median(layers), step_s - sum(layers)))
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
 

@@ -29,6 +29,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from sim import link
 from sim.specs import ComputeProfile, SelectionProfile
 
 
@@ -106,11 +107,10 @@ def fit_link(copy: pd.DataFrame) -> LinkFit:
 
 
 def table_copy_s(size_table: list[tuple[int, float]], sizes: np.ndarray) -> np.ndarray:
-    """Copy seconds of each size by log-interpolating the size table (sim/link.py's rule)."""
+    """Copy seconds of each size from a (size_bytes, GB/s) table, by the simulator's own rule (sim/link.py)."""
     log_sizes = np.log([s for s, _ in size_table])
     bps = np.array([g * 1e9 for _, g in size_table])
-    sizes = np.asarray(sizes, dtype=float)
-    return sizes / np.interp(np.log(sizes), log_sizes, bps)
+    return link.table_copy_s(np.asarray(sizes, dtype=float), log_sizes, bps)
 
 
 @dataclass(frozen=True)

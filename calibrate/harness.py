@@ -32,7 +32,7 @@ from engine.model import DecoderConfig, DecoderWeights, init_weights
 from engine.pipeline import OffloadedDecoder
 from engine.timing import Timer
 
-STEP_TABLE_COLUMNS = ["step", "batch_size", "attended_tokens", "step_s", "layers_s", "head_s"]
+STEP_TABLE_COLUMNS = ["step", "batch_size", "step_s"]
 
 
 @dataclass(frozen=True)
@@ -143,20 +143,24 @@ def build_decoder(
     return decoder
 
 
-def attended_tokens(policy: EnginePolicy, contexts: list[int]) -> int:
-    """KV tokens one layer attends for these contexts (summed over requests), as the simulator counts them."""
-    if policy.resident:
-        return sum(contexts)
-    cap = policy.sink_tokens + policy.recent_tokens + policy.budget_tokens
-    return sum(min(c, cap) for c in contexts)
+def timed_step(
+    decoder: OffloadedDecoder, request_ids: list[int], tokens: torch.Tensor
+) -> tuple[torch.Tensor, float, list[float]]:
+    """One decode step with its spans read back: (logits float32 [B, V], step seconds, seconds of each layer).
+
+    The step span covers embedding, every layer, final norm and LM head (engine/pipeline.py); the caller's
+    argmax comes after it. The decoder's timer is cleared, so spans never accumulate.
+    """
+    first = decoder.step
+    logits = decoder.decode_step(request_ids, tokens)
+    table = decoder.timer.table()
+    decoder.timer.clear()
+    mine = table[table["step"] == first]
+    step_s = float(mine.loc[mine["name"] == "step", "seconds"].sum())
+    return logits, step_s, mine.loc[mine["name"] == "layer", "seconds"].tolist()
 
 
-def run_decode(
-    decoder: OffloadedDecoder,
-    output_tokens: list[int],
-    policy: EnginePolicy,
-    warmup_steps: int = 1,
-) -> pd.DataFrame:
+def run_decode(decoder: OffloadedDecoder, output_tokens: list[int], warmup_steps: int = 1) -> pd.DataFrame:
     """Decode every request until it has its output tokens; requests leave the batch when done.
 
     A request with ``o`` output tokens runs ``o - 1`` decode steps (its first token came from its prefill,
@@ -165,33 +169,21 @@ def run_decode(
     as many tokens.
 
     Returns:
-        One row per recorded step (STEP_TABLE_COLUMNS): batch size, attended tokens per layer (as the
-        simulator counts them), the step span and its split into layers and the rest (seconds).
+        One row per recorded step (STEP_TABLE_COLUMNS): the step index, its batch size and its span (seconds).
     """
-    contexts = dict(decoder.cache.lengths)
-    remaining = {rid: max(o - 1, 0) for rid, o in zip(sorted(contexts), output_tokens)}
+    remaining = {rid: max(o - 1, 0) for rid, o in zip(sorted(decoder.cache.lengths), output_tokens)}
     device = decoder.device
-    tokens = torch.zeros(len(contexts), dtype=torch.int64, device=device)
+    tokens = torch.zeros(len(remaining), dtype=torch.int64, device=device)
     for _ in range(warmup_steps):
-        ids = sorted(contexts)
-        tokens = decoder.decode_step(ids, tokens[: len(ids)]).argmax(-1)
+        tokens = decoder.decode_step(sorted(remaining), tokens).argmax(-1)
     decoder.timer.clear()
     rows = []
-    step = 0
     active = [rid for rid in sorted(remaining) if remaining[rid] > 0]
     tokens = tokens[: len(active)]
     while active:
-        lengths = [decoder.cache.lengths[r] for r in active]
-        first = decoder.step
-        logits = decoder.decode_step(active, tokens)
+        logits, step_s, _ = timed_step(decoder, active, tokens)
         tokens = logits.argmax(-1)
-        table = decoder.timer.table()
-        decoder.timer.clear()
-        mine = table[table["step"] == first]
-        step_s = float(mine.loc[mine["name"] == "step", "seconds"].sum())
-        layers_s = float(mine.loc[mine["name"] == "layer", "seconds"].sum())
-        rows.append((step, len(active), attended_tokens(policy, lengths), step_s, layers_s, step_s - layers_s))
-        step += 1
+        rows.append((len(rows), len(active), step_s))
         keep = []
         for i, rid in enumerate(active):
             remaining[rid] -= 1

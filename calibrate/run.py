@@ -30,7 +30,7 @@ from calibrate.harness import engine_policy
 from calibrate.scale import scaled_card
 from engine.model import DecoderConfig
 from sim.loader import load_card
-from sim.profile import write_profile
+from sim.profile import read_profile, write_profile
 from sim.specs import GIB, HardwareSpec, ModelSpec, Profile
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -242,7 +242,7 @@ def run_calibration(
     existing = out_dir / "profile.yaml"
     keep = {}
     if existing.is_file():
-        old = yaml.safe_load(existing.read_text()) or {}
+        old = read_profile(existing)
         keep = {k: old[k] for k in ("recall_stats", "recall_stats_source") if k in old}
     profile = Profile(
         name=f"{device}-{card.name}",

@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.bench import bench_compute
 from calibrate.harness import build_decoder, engine_policy, run_decode
 from calibrate.run import decoder_config
 from engine.model import init_weights
+from sim.compute import ComputeModel
 from sim.loader import validate_scenario
 from sim.run import simulate_policy
 from sim.specs import Profile
@@ -96,7 +98,7 @@ def measure_engine(
         decoder = build_decoder(
             config, policy, list(workload.contexts), max(workload.output_tokens) + 2, device, seed, weights
         )
-        runs.append(run_decode(decoder, list(workload.output_tokens), policy))
+        runs.append(run_decode(decoder, list(workload.output_tokens)))
         del decoder
     base = runs[0][["step", "batch_size"]].copy()
     base["measured_s"] = np.min(np.stack([r["step_s"].to_numpy() for r in runs]), axis=0)
@@ -144,17 +146,13 @@ def speed_drift(profile: Profile, device: str, seed: int = 0) -> float:
     (fastest of 3 rounds, about a second of engine time on a CPU). Profiles without the reference compare with
     the compute fit at batch 4, context 4096 instead (less exact: the fit's own error at that point counts).
     """
-    from calibrate.bench import bench_compute
-
-    meta, c = profile.metadata, profile.compute
+    meta = profile.metadata
     batch, context = int(meta.get("speed_ref_batch") or 4), int(meta.get("speed_ref_context") or 4096)
     table = bench_compute(decoder_config(profile.model), [batch], [context], 3, device, seed)
     row = table.loc[table["layer_s"].idxmin()]
-    reference = meta.get("speed_ref_layer_s")
-    if not reference:
-        reference = (c.layer_base_us + c.layer_per_request_us * batch) * 1e-6 + c.layer_per_token_ns * 1e-9 * float(
-            row["attended_tokens"]
-        )
+    reference = meta.get("speed_ref_layer_s") or ComputeModel(
+        profile.model, profile.hardware, profile.compute
+    ).decode_layer_s(batch, int(row["attended_tokens"]))
     return float(row["layer_s"] / float(reference))
 
 

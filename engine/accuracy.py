@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from engine.kv_cache import check_resident_layout
 from engine.model import DecoderConfig, DecoderWeights, finish_layer, logits_of, project_qkv, project_query
 from engine.select import quest_scores, select_blocks
 from engine.summaries import summarize_keys
@@ -89,14 +90,12 @@ class BlockLayout:
     recent_tokens: int = 64  # always attended suffix, including the partly filled tail block
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size} must be >= 1")
-        for name in ("sink_tokens", "recent_tokens"):
-            value = getattr(self, name)
-            if value < 0 or value % self.block_size:
-                raise ValueError(f"{name}={value} must be a non-negative multiple of block_size={self.block_size}")
-        if self.recent_tokens < self.block_size:
-            raise ValueError(f"recent_tokens={self.recent_tokens} must be >= block_size={self.block_size}")
+        check_resident_layout(self.block_size, self.sink_tokens, self.recent_tokens)
+
+    @property
+    def resident_tokens(self) -> int:
+        """Sink plus recent window: tokens always attended."""
+        return self.sink_tokens + self.recent_tokens
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,12 @@ import numpy as np
 from sim.specs import HardwareSpec
 
 
+def table_copy_s(sizes: np.ndarray, log_sizes: np.ndarray, table_bps: np.ndarray) -> np.ndarray:
+    """Seconds of one copy of each size (bytes, > 0) at the rate log-interpolated in a measured size table
+    (``log_sizes`` = log of its sizes, ``table_bps`` its rates in B/s; nearest point's rate outside it)."""
+    return sizes / np.interp(np.log(sizes), log_sizes, table_bps)
+
+
 class LinkModel:
     """H2D transfer times for one GPU.
 
@@ -96,7 +102,7 @@ class LinkModel:
     def _one_copy(self, size: np.ndarray) -> np.ndarray:
         if self.log_sizes is None:
             return self.t0_s + size / self.bps
-        return size / np.interp(np.log(size), self.log_sizes, self.table_bps)
+        return table_copy_s(size, self.log_sizes, self.table_bps)
 
     def d2h_slowdown(self, d2h_bytes: float, step_s: float) -> float:
         """Factor (≥ 1) stretching H2D times in a step of ``step_s`` whose offload writes move ``d2h_bytes``."""

@@ -41,13 +41,15 @@ def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 256,512,1024") from None
+        values = ()
     if not values or min(values) < minimum:
-        raise ValueError(f"{flag} {text!r}: expected integers >= {minimum}")
+        raise ValueError(f"{flag} {text}: expected comma-separated integers >= {minimum}, e.g. 256,512,1024")
     return values
 
 
 def check_out_folder(out, flag: str = "--out") -> None:
-    """Raise ValueError if ``out`` exists and is not a folder."""
+    """Raise ScenarioError (a ValueError) if ``out`` exists and is not a folder."""
+    from sim.loader import ScenarioError
+
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {out}: exists and is not a folder; give a folder path")
+        raise ScenarioError(f"{flag} {out}: exists and is not a folder; give a folder path")

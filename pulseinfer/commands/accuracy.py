@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from pulseinfer.commands import check_out_folder, int_list
+
 EXIT_BAD_INPUT = 2
 DEFAULT_SELECTIONS = "headwise,solohead,solohead_norm,solohead_box,streaming,oracle"
 DEFAULT_STEPS = 64  # engine.accuracy.DEFAULT_STEPS (not imported here: building the parser must not load torch)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         f"{torch.get_num_threads()} thread(s), {wall_s:.1f} s\n"
     )
     print(format_accuracy(table))
-    dense = [b for b in budgets if b >= args.context - 80]
+    dense = [b for b in budgets if b >= args.context - settings.layout.resident_tokens]
     if dense:
         print(
             f"\nnote: budgets {dense} cover the whole context ({args.context} tokens): those rows are dense attention"
@@ -111,12 +113,7 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     """Budgets and selections from the arguments; raises ValueError naming the flag, value and expectation."""
     from engine.accuracy import ACCURACY_SELECTIONS
 
-    try:
-        budgets = [int(b) for b in args.budgets.split(",")]
-    except ValueError:
-        budgets = []
-    if not budgets or min(budgets) < 16:
-        raise ValueError(f"--budgets {args.budgets}: expected comma-separated integers >= 16 (one 16-token block)")
+    budgets = list(int_list(args.budgets, "--budgets", 16))
     selections = list(ACCURACY_SELECTIONS) if args.selections == "all" else args.selections.split(",")
     unknown = [s for s in selections if s not in ACCURACY_SELECTIONS]
     if unknown:
@@ -127,10 +124,16 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     for flag, value, low in lows:
         if value < low:
             raise ValueError(f"{flag} {value}: must be >= {low}")
-    if args.context < 96:  # engine.accuracy.BlockLayout: 16-token sink + 64-token recent window + one block
-        raise ValueError(f"--context {args.context}: must be >= 96 tokens (sink 16 + recent 64 + one block to select)")
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out}: exists and is not a folder; give a folder path")
+    from engine.accuracy import BlockLayout
+
+    layout = BlockLayout()
+    least = layout.resident_tokens + layout.block_size
+    if args.context < least:
+        raise ValueError(
+            f"--context {args.context}: must be >= {least} tokens (sink {layout.sink_tokens} + recent "
+            f"{layout.recent_tokens} + one block to select)"
+        )
+    check_out_folder(args.out)
     return budgets, selections
 
 

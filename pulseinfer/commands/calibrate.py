@@ -99,9 +99,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-SINK_RECENT_TOKENS = 80  # engine.accuracy.BlockLayout: 16-token sink + 64-token recent window
-
-
 def _run_selection(args: argparse.Namespace) -> int:
     out = args.selection_out or args.out
     try:
@@ -125,11 +122,14 @@ def _run_selection(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
         check_out_folder(out)
         budgets = int_list(args.budgets, "--budgets", 16)
-        least = SINK_RECENT_TOKENS + max(budgets) + 16
+        from engine.accuracy import BlockLayout
+
+        layout = BlockLayout()
+        least = layout.resident_tokens + max(budgets) + layout.block_size
         if args.context < least:
             raise ValueError(
-                f"--context {args.context}: must be >= {least} tokens (sink + recent window {SINK_RECENT_TOKENS} + "
-                f"the largest budget {max(budgets)} + one block), or no block is ever left unselected"
+                f"--context {args.context}: must be >= {least} tokens (sink + recent window {layout.resident_tokens} "
+                f"+ the largest budget {max(budgets)} + one block), or no block is ever left unselected"
             )
         if (out / "profile.yaml").is_file():  # fail on an unreadable profile before the model runs
             from sim.profile import read_profile

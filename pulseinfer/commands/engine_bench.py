@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pulseinfer.commands import check_out_folder, resolve_device
+
 EXIT_BAD_INPUT = 2
 
 
@@ -61,15 +63,10 @@ def _settings(args: argparse.Namespace, torch):
 
     from engine.bench import BenchSettings, quick_settings
 
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out}: exists and is not a folder; give a folder path")
+    check_out_folder(args.out)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads {args.threads}: must be >= 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"--device {device}: must be cpu, cuda or cuda:N")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: torch sees no CUDA device")
+    device = resolve_device(args.device, torch)
     settings = quick_settings(device) if args.quick else BenchSettings(device=device)
     settings = dataclasses.replace(settings, seed=args.seed)
     if args.repeats is not None:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides
+from pulseinfer.commands import add_overrides, check_out_folder
 
 EXIT_BAD_INPUT = 2
 
@@ -64,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
         check_plan(cfg)
-        if args.out.exists() and not args.out.is_dir():
-            raise ScenarioError(f"--out {args.out}: exists and is not a folder; give a folder path")
+        check_out_folder(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         with _Progress(len(cfg.hardware) * len(cfg.policies), args.no_progress) as bar:

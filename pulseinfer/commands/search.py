@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides
+from pulseinfer.commands import add_overrides, check_out_folder
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace):
     """Validate every input (scenario, SLO, space, storage) before any trial runs."""
-    from sim.loader import DEFAULT_SCENARIO, ScenarioError, load_scenario
+    from sim.loader import DEFAULT_SCENARIO, load_scenario
     from sim.search import SearchConfig, open_storage
     from sim.slo import parse_slo, slo_from_scenario
     from sim.space import check_space, load_space
@@ -114,8 +114,7 @@ def _config(args: argparse.Namespace):
     slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
-    if args.out.exists() and not args.out.is_dir():
-        raise ScenarioError(f"--out {args.out}: exists and is not a folder; give a folder path")
+    check_out_folder(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     storage = args.storage or str(args.out / "study.journal")
     try:

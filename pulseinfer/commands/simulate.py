@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides, plot
+from pulseinfer.commands import add_overrides, check_out_folder, plot
 
 EXIT_BAD_INPUT = 2
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         out = out or Path("results") / scenario.name
-        _check_out_dir(out)
+        check_out_folder(out)  # fail before simulating, not after
         started = time.perf_counter()
         progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
         result = simulate(scenario, progress=progress)
@@ -73,14 +73,6 @@ def run(args: argparse.Namespace) -> int:
         args.results_dir, args.out = out, out / "plots"
         return plot.run(args)
     return 0
-
-
-def _check_out_dir(out: Path) -> None:
-    """Fail before simulating, not after, when ``--out`` cannot be a results folder."""
-    from sim.loader import ScenarioError
-
-    if out.exists() and not out.is_dir():
-        raise ScenarioError(f"--out {out}: exists and is not a folder; give a folder path")
 
 
 def _tqdm_progress(policy: str, total: int):

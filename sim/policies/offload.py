@@ -107,7 +107,6 @@ class OffloadServing(Policy):
 
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         batch, L, G = len(ctx), self.num_layers, self.groups
-        candidates = np.where(offloaded, self.recall.offloaded_blocks(ctx), 0)
         if self.full:
             attended_each = ctx
         elif self.selection_cost is not None:  # measured selection cost replaces reading summaries as tokens
@@ -115,6 +114,7 @@ class OffloadServing(Policy):
         else:
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + -(-ctx // self.block_size), ctx)
         attended = int(attended_each.sum())
+        candidates = self._candidates(ctx, offloaded)
         layer_s = self.compute.decode_layer_s(batch, attended) + self._select_s(candidates.sum())
         cost = StepCost([layer_s] * L, None, None, self.compute.decode_head_s(batch), 0, 0, 0, attended)
         n_off = int(offloaded.sum())
@@ -156,6 +156,12 @@ class OffloadServing(Policy):
         lookahead = self.params.lookahead_layers * self.groups
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
+
+    def _candidates(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
+        """Blocks selection scores per request (int64 [n]); zeros without a measured selection cost (not needed)."""
+        if self.selection_cost is None:
+            return np.zeros(len(ctx), dtype=np.int64)
+        return np.where(offloaded, self.recall.offloaded_blocks(ctx), 0)
 
     def _select_s(self, candidate_blocks: float) -> float:
         """Measured selection seconds of one layer (0 without a profile: summaries count as attended tokens)."""
