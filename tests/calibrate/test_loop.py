@@ -31,7 +31,7 @@ TINY = BenchGrid(
     matmul_size=256,
     repeats=3,
 )
-LOOPS = 5
+LOOPS = 9
 WORKLOAD = ValidationWorkload(contexts=(1024, 2048, 3072, 4096), output_tokens=(12, 10, 8, 6))
 
 
@@ -59,11 +59,12 @@ def test_calibration_writes_tables_and_a_profile_the_simulator_reads(calibrated)
 
 
 def test_validation_mean_tpot_within_bound(calibrated, tmp_path):
-    """Five fresh calibrate → validate loops; the median error per policy must meet the bound.
+    """Fresh calibrate → validate loops (LOOPS of them); the median error per policy must meet the bound.
 
-    On a shared 2-core machine a burst of other work during either half of a loop shifts that loop's error
-    by tens of percent (measured while another process ran: +62 % in one of three loops); the median of five
-    loops keeps two unlucky loops from failing the test, while a wrong model (most loops off) still does.
+    On a shared 2-core machine the engine's speed shifts within seconds (a re-measured calibration point ran
+    0.73–1.47× its calibrated time inside one loop), so a single loop can be off by ±50 %; in the full suite,
+    after the engine tests, up to 3 of 5 loops were. The median of nine keeps such loops from failing the
+    test, while a wrong model (most loops off the same way) still does.
     """
     import numpy as np
 
