@@ -9,7 +9,7 @@ Typical use::
     print(result.summary)
 """
 
-from sim.loader import ScenarioError, load_scenario
+from sim.config import ScenarioError, load_scenario
 from sim.run import SimResult, simulate
 
 __all__ = ["ScenarioError", "SimResult", "load_scenario", "simulate"]

@@ -19,7 +19,7 @@ import pandas as pd
 import simpy
 
 import traces
-from sim.loader import ScenarioError, dump_scenario
+from sim.config import Scenario, ScenarioError, SessionsSpec, dump_scenario
 from sim.metrics import (
     SUMMARY_COLUMNS,
     Recorder,
@@ -31,9 +31,8 @@ from sim.metrics import (
     timeline_table,
 )
 from sim.policies import make_policy
-from sim.scheduler import Replica, Request
-from sim.sessions import SessionDriver, session_starts
-from sim.specs import Scenario, SessionsSpec
+from sim.serving.replica import Replica, Request
+from sim.serving.sessions import SessionDriver, session_starts
 
 BASELINE = "sglang"
 INCOMPLETE_REASONS = ("horizon", "stuck")  # set by collect_unfinished; any other reason is a rejection

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.loader import card_names, load_card, load_scenario, scenarios_dir
-from sim.specs import GIB, HardwareSpec, ModelSpec
+from sim.config import GIB, HardwareSpec, ModelSpec
+from sim.config.loader import card_names, load_card, load_scenario, scenarios_dir
 
 MODEL_CARDS = card_names("model")
 HARDWARE_CARDS = card_names("hardware")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import EXIT_BAD_INPUT, main
-from sim.loader import load_scenario
+from sim.config import load_scenario
 
 # Five short synthetic requests: a whole two-policy run takes well under a second.
 TINY = [

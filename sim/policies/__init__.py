@@ -7,10 +7,10 @@ maps a kind to the class that serves it; the scheduler (``sim/scheduler.py``) is
 
 from __future__ import annotations
 
+from sim.config import Scenario
 from sim.policies.base import Policy, StepCost
 from sim.policies.dense import DenseServing
 from sim.policies.offload import OffloadServing
-from sim.specs import Scenario
 
 POLICY_KINDS: dict[str, type[Policy]] = {"dense": DenseServing, "offload": OffloadServing}
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.compute import ComputeModel
-from sim.specs import DensePolicy, Scenario
+from sim.config import DensePolicy, Scenario
+from sim.step.compute import ComputeModel
 
 
 @dataclass(slots=True)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.admission import IoAdmission
-from sim.link import LinkModel
+from sim.config import OffloadPolicy, Scenario
 from sim.policies.base import InterruptPlan, Policy, StepCost
-from sim.recall import RecallModel
-from sim.specs import OffloadPolicy, Scenario
+from sim.serving.admission import IoAdmission
+from sim.step.link import LinkModel
+from sim.step.recall import RecallModel
 
 
 class OffloadServing(Policy):

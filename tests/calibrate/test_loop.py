@@ -15,7 +15,7 @@ from calibrate.bench import BenchGrid  # noqa: E402
 from calibrate.run import CalibrationSettings, run_calibration  # noqa: E402
 from calibrate.validate import ValidationWorkload, validate  # noqa: E402
 from pulseinfer.cli import main  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
+from sim.config.profiles import load_profile  # noqa: E402
 
 TINY = BenchGrid(
     copy_sizes_bytes=tuple(4096 * 4**i for i in range(7)),  # 4 KiB … 16 MiB

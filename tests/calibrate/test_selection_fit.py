@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from calibrate.selection_fit import CLIP, fit_recall_stats, kumaraswamy_std, selection_summary
-from sim.recall import kumaraswamy_b
-from sim.specs import Profile, RecallStatsSpec
+from sim.config import Profile, RecallStatsSpec
+from sim.step.recall import kumaraswamy_b
 
 REPO = Path(__file__).resolve().parents[2]
 MEANS = [0.35, 0.25, 0.2, 0.15, 0.12, 0.1]
@@ -182,9 +182,9 @@ def test_a_selection_profile_drives_the_simulators_recall_volume(tmp_path):
     from calibrate.selection import run_selection_calibration
     from engine.model import init_weights, tiny_cpu_config
     from engine.weights import LoadedModel
-    from sim.link import LinkModel
-    from sim.loader import load_scenario
-    from sim.recall import RecallModel
+    from sim.config import load_scenario
+    from sim.step.link import LinkModel
+    from sim.step.recall import RecallModel
 
     torch.set_num_threads(1)
     config = tiny_cpu_config()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.loader import load_scenario
+from sim.config import load_scenario
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.admission import PHI_MAX, PHI_MIN, IoAdmission
-from sim.loader import load_scenario
+from sim.config import load_scenario
 from sim.run import simulate
+from sim.serving.admission import PHI_MAX, PHI_MIN, IoAdmission
 
 
 @given(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.compute import ComputeModel
-from sim.loader import load_card
-from sim.specs import HardwareSpec, ModelSpec
+from sim.config import HardwareSpec, ModelSpec
+from sim.config.loader import load_card
+from sim.step.compute import ComputeModel
 
 
 def _model(name: str) -> ModelSpec:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pulseinfer.cli import main
-from sim.loader import ScenarioError, load_scenario
+from sim.config import ScenarioError, load_scenario
 from sim.run import simulate
 
 

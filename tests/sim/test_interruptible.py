@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.interrupt import run_interruptible
-from sim.pipeline import run_closed_form
+from sim.step.interrupt import run_interruptible
+from sim.step.pipeline import run_closed_form
 
 MB = 1e6
 # Three items (layers), look-ahead 2. Prefetches of items 0 and 1 are small; item 2's is large

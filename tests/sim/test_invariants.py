@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sim.loader import load_scenario
+from sim.config import load_scenario
 from sim.run import simulate
 
 

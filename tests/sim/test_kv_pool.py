@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.kv import CapacityError, Pool, device_pool_blocks
-from sim.loader import load_card
-from sim.specs import HardwareSpec, ModelSpec
+from sim.config import HardwareSpec, ModelSpec
+from sim.config.loader import load_card
+from sim.serving.kv import CapacityError, Pool, device_pool_blocks
 
 
 def _model(name: str) -> ModelSpec:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.link import LinkModel
-from sim.loader import load_card
-from sim.specs import HardwareSpec
+from sim.config import HardwareSpec
+from sim.config.loader import load_card
+from sim.step.link import LinkModel
 
 KIB, MIB = 1024, 1024 * 1024
 

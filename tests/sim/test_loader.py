@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.loader import ScenarioError, _parse_override, load_card, load_scenario
-from sim.specs import HardwareSpec
+from sim.config import HardwareSpec
+from sim.config.loader import ScenarioError, _parse_override, load_card, load_scenario
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_comma_in_a_string_field_is_kept():
 
 
 def test_written_ablation_scenario_loads_back(tmp_path):
-    from sim.loader import dump_scenario
+    from sim.config import dump_scenario
 
     scn = load_scenario("ablation")
     dump_scenario(scn, tmp_path / "scenario.yaml")

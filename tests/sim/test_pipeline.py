@@ -8,8 +8,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.pipeline import run_closed_form, run_events
 from sim.run import simulate
+from sim.step.pipeline import run_closed_form, run_events
 
 times = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.compute import ComputeModel
-from sim.link import LinkModel
-from sim.loader import ScenarioError, load_card, load_scenario
+from sim.config import Profile
+from sim.config.loader import ScenarioError, load_card, load_scenario
+from sim.config.profiles import load_profile
 from sim.policies import make_policy
-from sim.profile import load_profile
-from sim.recall import RecallModel
 from sim.run import simulate_policy
-from sim.specs import Profile
+from sim.step.compute import ComputeModel
+from sim.step.link import LinkModel
+from sim.step.recall import RecallModel
 
 COMPUTE = {
     "model": "qwen3-14b",
@@ -185,7 +185,7 @@ def test_scenario_without_recall_stats_keeps_its_own(tmp_path):
 
 
 def test_profile_round_trips_through_write(tmp_path):
-    from sim.profile import write_profile
+    from sim.config.profiles import write_profile
 
     prof = Profile.model_validate(yaml.safe_load(open(_profile(tmp_path, compute=COMPUTE))))
     write_profile(prof, tmp_path / "again" / "profile.yaml")

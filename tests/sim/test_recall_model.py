@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.link import LinkModel
-from sim.loader import load_card, load_scenario
-from sim.recall import RecallModel, kumaraswamy_b
-from sim.specs import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.config import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.config.loader import load_card, load_scenario
+from sim.step.link import LinkModel
+from sim.step.recall import RecallModel, kumaraswamy_b
 
 MODEL = ModelSpec.model_validate(load_card("model", "qwen3-14b"))
 LINK = LinkModel(HardwareSpec.model_validate(load_card("hardware", "h200")))

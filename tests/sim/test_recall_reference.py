@@ -8,10 +8,10 @@ from collections import OrderedDict, deque
 import numpy as np
 import pytest
 
-from sim.link import LinkModel
-from sim.loader import load_card
-from sim.recall import RecallModel
-from sim.specs import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.config import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.config.loader import load_card
+from sim.step.link import LinkModel
+from sim.step.recall import RecallModel
 
 
 def lru_miss_fraction(num_blocks, k, capacity, change, returning, window, steps, rng):

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.loader import ScenarioError, load_scenario
+from sim.config import ScenarioError, load_scenario
 from sim.run import load_workload, simulate
-from sim.sessions import session_starts
+from sim.serving.sessions import session_starts
 from traces import is_session_table
 
 
@@ -185,7 +185,7 @@ def test_shipped_agentic_scenario_is_a_closed_loop_session_workload():
 def test_workload_format_choices_match_the_trace_readers():
     from typing import get_args
 
-    from sim.specs import WorkloadSpec
+    from sim.config import WorkloadSpec
     from traces import FORMATS
 
     assert get_args(WorkloadSpec.model_fields["format"].annotation) == ("auto", *FORMATS)

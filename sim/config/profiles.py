@@ -33,8 +33,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.loader import ScenarioError, format_validation_error, scenarios_dir
-from sim.specs import Profile
+from sim.config.files import ScenarioError, format_validation_error, scenarios_dir
+from sim.config.measured import Profile
 
 PROFILE_DIR = "profiles"
 FILLED_SECTIONS = ("hardware", "model", "recall_stats")

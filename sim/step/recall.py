@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.link import LinkModel
-from sim.specs import ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.step.link import LinkModel
 
 
 @dataclass(slots=True)

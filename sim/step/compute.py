@@ -28,7 +28,7 @@ roofline (the engine's decode is what is calibrated).
 
 from __future__ import annotations
 
-from sim.specs import ComputeProfile, HardwareSpec, ModelSpec
+from sim.config import ComputeProfile, HardwareSpec, ModelSpec
 
 
 class ComputeModel:

@@ -39,12 +39,12 @@ import optuna
 import pandas as pd
 import yaml
 
-from sim.kv import CapacityError
-from sim.loader import ScenarioError, load_scenario, policy_presets
+from sim.config.loader import ScenarioError, load_scenario, policy_presets
 from sim.metrics import SUMMARY_COLUMNS
 from sim.run import load_workload, policy_summary
-from sim.slo import TailSlo
-from sim.space import SearchSpace, override
+from sim.serving.kv import CapacityError
+from sim.study.slo import TailSlo
+from sim.study.space import SearchSpace, override
 
 # objective name → ((summary column, direction), ...)
 OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {

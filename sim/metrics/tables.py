@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.specs import GIB, SloSpec
+from sim.config import GIB, SloSpec
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",

@@ -9,30 +9,21 @@ value and what was expected; the CLI prints it and exits with status 2.
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from sim.specs import Scenario
+from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
+from sim.config.profiles import apply_profile
+from sim.config.scenario import Scenario
 
 CARD_KINDS = {"model": "models", "hardware": "hardware"}
 POLICY_DIR = "policies"
 DEFAULT_POLICIES = ["sglang", "pulseinfer"]
-POLICY_KINDS = ("dense", "offload")
 DEFAULT_SCENARIO = "default"
 LIST_KEYS = {"policies"}  # list fields settable as a comma-separated string
-
-
-class ScenarioError(ValueError):
-    """Bad scenario input: unknown key, wrong value, missing file. The message is one line."""
-
-
-def scenarios_dir() -> Path:
-    """Folder of the shipped scenarios and cards."""
-    return Path(str(files("scenarios")))
 
 
 def card_names(kind: str) -> list[str]:
@@ -49,7 +40,7 @@ def load_card(kind: str, name: str) -> dict[str, Any]:
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
     if not path.is_file():
         raise ScenarioError(f"{kind}: unknown card {name!r} (shipped: {', '.join(card_names(kind))})")
-    return _read_yaml(path)
+    return read_yaml(path)
 
 
 def resolve_scenario_path(scenario: str | Path | None) -> Path:
@@ -77,10 +68,8 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     Raises:
         ScenarioError: one line naming the key, the value and what was expected.
     """
-    from sim.profile import apply_profile  # sim.profile imports this module
-
     path = resolve_scenario_path(scenario)
-    raw = apply_profile(_read_yaml(path), path.parent)
+    raw = apply_profile(read_yaml(path), path.parent)
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
@@ -128,7 +117,7 @@ def resolve_policies(raw: dict[str, Any]) -> dict[str, Any]:
                 f"{where}: unknown policy {preset!r} (presets: {', '.join(policy_presets())}; "
                 f"or define policy.{name}.preset)"
             )
-        resolved[name] = {**_read_yaml(path), **entry}
+        resolved[name] = {**read_yaml(path), **entry}
     return resolved
 
 
@@ -140,37 +129,9 @@ def validate_scenario(raw: dict[str, Any]) -> Scenario:
         raise ScenarioError(format_validation_error(exc)) from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """``a.b: message (got value)`` for each error, joined by ``; ``."""
-    parts = []
-    for err in exc.errors():
-        loc_parts = list(err["loc"])
-        if len(loc_parts) > 2 and loc_parts[0] == "policy" and loc_parts[2] in POLICY_KINDS:
-            del loc_parts[2]  # pydantic puts the discriminator tag in the path; users never write it
-        loc = ".".join(str(p) for p in loc_parts)
-        got = err.get("input")
-        shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc or 'scenario'}: {msg}{shown}")
-    # A section filled from a profile fails twice (as `hardware.x` and `profile.hardware.x`): report it once.
-    return "; ".join(p for p in parts if not (p.startswith("profile.") and p.removeprefix("profile.") in parts))
-
-
 def dump_scenario(scenario: Scenario, path: Path) -> None:
     """Write the resolved scenario (cards expanded) so the run can be reproduced from it alone."""
     path.write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
 
 
 def _parse_override(item: str) -> tuple[str, Any]:

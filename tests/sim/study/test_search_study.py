@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import main
-from sim.loader import load_scenario
+from sim.config import load_scenario
 from sim.run import simulate
-from sim.search import StudyMismatch, collect_results, pareto_front, run_search
-from sim.slo import TailSlo
-from sim.space import parse_space
+from sim.study.search import StudyMismatch, collect_results, pareto_front, run_search
+from sim.study.slo import TailSlo
+from sim.study.space import parse_space
 
 
 def _trials(cfg, total: int, jobs: int = 1) -> pd.DataFrame:

@@ -32,7 +32,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from sim.pipeline import StepTiming
+from sim.step.pipeline import StepTiming
 
 INF = math.inf
 

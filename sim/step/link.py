@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.specs import HardwareSpec
+from sim.config import HardwareSpec
 
 
 def table_copy_s(sizes: np.ndarray, log_sizes: np.ndarray, table_bps: np.ndarray) -> np.ndarray:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.search import SearchConfig
-from sim.slo import TailSlo
-from sim.space import parse_space
+from sim.study.search import SearchConfig
+from sim.study.slo import TailSlo
+from sim.study.space import parse_space
 
 # 30 requests, 12k-token prompts, 40 output tokens, colocated prefill: one simulation takes ~0.1 s.
 TINY = [

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from sim.interrupt import run_interruptible
-from sim.kv import Pool, device_pool_blocks
+from sim.config import Scenario
 from sim.metrics import Recorder
-from sim.pipeline import run_closed_form, run_events
 from sim.policies.base import Policy, StepCost
-from sim.specs import Scenario
+from sim.serving.kv import Pool, device_pool_blocks
+from sim.step.interrupt import run_interruptible
+from sim.step.pipeline import run_closed_form, run_events
 
 NAN = math.nan
 BYPASS_SCAN = 32  # queued requests scanned past an offloaded head that the I/O admission holds back

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import main
-from sim.cluster import LeastTokensRouter, RoundRobinRouter, simulate_cluster
-from sim.loader import load_scenario
-from sim.plan import PLAN_COLUMNS, CellPlanner, PlanConfig, bisect_max_rate, plan_cell
+from sim.config import load_scenario
 from sim.run import load_workload, policy_summary
-from sim.slo import TailSlo
+from sim.serving.cluster import LeastTokensRouter, RoundRobinRouter, simulate_cluster
+from sim.study.plan import PLAN_COLUMNS, CellPlanner, PlanConfig, bisect_max_rate, plan_cell
+from sim.study.slo import TailSlo
 
 
 def _plan_config(overrides: list[str], slo: TailSlo, **kw) -> PlanConfig:

@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from sim.config import Scenario
 from sim.metrics import Recorder, requests_table, steps_table, summarize
 from sim.policies import make_policy
 from sim.run import collect_unfinished, min_event, unfinished_counts
-from sim.scheduler import Replica, Request
-from sim.specs import Scenario
+from sim.serving.replica import Replica, Request
 
 ROUTERS = ("round_robin", "least_tokens")
 

@@ -31,11 +31,11 @@ from multiprocessing import get_context
 
 import pandas as pd
 
-from sim.cluster import ROUTERS, simulate_cluster
-from sim.kv import device_pool_blocks
-from sim.loader import ScenarioError, load_scenario
+from sim.config import ScenarioError, load_scenario
 from sim.run import load_workload, policy_summary
-from sim.slo import TailSlo
+from sim.serving.cluster import ROUTERS, simulate_cluster
+from sim.serving.kv import device_pool_blocks
+from sim.study.slo import TailSlo
 
 PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",

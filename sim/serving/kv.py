@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.specs import GIB, HardwareSpec, ModelSpec
+from sim.config import GIB, HardwareSpec, ModelSpec
 
 
 class CapacityError(ValueError):

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sim.specs import Scenario
+from sim.config import Scenario
 
 # flag key → (summary column, factor from the flag's unit to seconds)
 SLO_KEYS: dict[str, tuple[str, float]] = {

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from sim.loader import ScenarioError, load_scenario, scenarios_dir
+from sim.config import ScenarioError, load_scenario, scenarios_dir
 
 SPACES_DIR = "spaces"
 RANGE_FIELDS = {"low", "high", "log", "step"}

@@ -1,0 +1,159 @@
+"""Model and hardware cards: the transformer's shape and one GPU with its share of the host.
+
+Shipped cards live in ``scenarios/models/`` and ``scenarios/hardware/`` and name their sources. Derived
+quantities (KV bytes per token, weight bytes) are properties computed from the fields, never hard-coded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.base import DTYPE_BYTES, GIB, PositiveFloat, PositiveInt, Spec
+
+
+class ModelSpec(Spec):
+    """Transformer shape (one model card). Source of each card is named in its YAML file.
+
+    MoE models set ``num_experts``/``num_active_experts``/``expert_intermediate_size``; their dense
+    ``intermediate_size`` is 0. Norms and biases are ignored in parameter counts (< 0.1 % of weights).
+    """
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_heads: PositiveInt  # query heads
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    intermediate_size: Annotated[int, Field(ge=0)]  # dense SwiGLU MLP width; 0 for all-MoE models
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool = False
+    max_seq_len: PositiveInt = 131072  # longest context served (prompt + output tokens)
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    num_experts: Annotated[int, Field(ge=0)] = 0
+    num_active_experts: Annotated[int, Field(ge=0)] = 0
+    expert_intermediate_size: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.num_experts and not (0 < self.num_active_experts <= self.num_experts):
+            raise ValueError(
+                f"num_active_experts must be in [1, num_experts={self.num_experts}], got {self.num_active_experts}"
+            )
+        if self.num_experts and not self.expert_intermediate_size:
+            raise ValueError("expert_intermediate_size must be > 0 for an MoE model (num_experts > 0)")
+        if not self.num_experts and not self.intermediate_size:
+            raise ValueError("intermediate_size must be > 0 for a dense model (num_experts = 0)")
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × dtype bytes."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over all layers (REFERENCE.md §4: 160 KiB for Qwen3-14B)."""
+        return self.kv_bytes_per_token_layer * self.num_layers
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Q, K, V and O projection weights of one layer."""
+        q_dim = self.num_heads * self.head_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        return 2 * self.hidden_size * q_dim + 2 * self.hidden_size * kv_dim
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one SwiGLU expert (gate, up, down)."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        """Dense SwiGLU MLP (gate, up, down) plus, for MoE, the router."""
+        router = self.hidden_size * self.num_experts
+        return 3 * self.hidden_size * self.intermediate_size + router
+
+    @property
+    def params_per_layer(self) -> int:
+        """All weights of one layer (every expert counted)."""
+        return self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_experts * self.expert_params
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Weights one token multiplies in one layer (active experts only)."""
+        return (
+            self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_active_experts * self.expert_params
+        )
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus LM head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights in HBM (Qwen3-14B bf16: 29.5e9 B = 27.5 GiB; REFERENCE.md §5.1 says ≈ 27.6 GiB)."""
+        return (self.num_layers * self.params_per_layer + self.embedding_params) * self.dtype_bytes
+
+
+class HardwareSpec(Spec):
+    """One GPU and its share of the host. Cards in ``scenarios/hardware/`` name their sources.
+
+    Datasheet cards carry ``measured: false``; a calibrated profile (a later issue) sets it true.
+    """
+
+    name: str
+    source: str = "unspecified"
+    measured: bool = False
+    hbm_gib: PositiveFloat
+    hbm_bandwidth_gbps: PositiveFloat
+    bf16_tflops: PositiveFloat  # dense peak
+    h2d_bandwidth_gbps: PositiveFloat  # PCIe host→device copy rate for large transfers
+    d2h_bandwidth_gbps: PositiveFloat
+    h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer
+    host_dram_gib: PositiveFloat  # host DRAM available for offloaded KV
+    reserve_gib: Annotated[float, Field(ge=0)]  # HBM kept out of the static pool (activations, graphs)
+    h2d_size_table: list[tuple[PositiveInt, PositiveFloat]] | None = None  # measured (size_bytes, gbps)
+    d2h_coupling: Annotated[float, Field(ge=0, lt=1)] = 0.0  # H2D slowdown while D2H writes run
+    host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
+    host_gather_gbps_per_thread: PositiveFloat = 12.0  # memcpy rate of one thread
+    host_gather_fragment_us: Annotated[float, Field(ge=0)] = 0.2  # per-fragment cost of one thread
+    hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
+    prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
+    decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
+    # False where recall copies run on the thread that computes (the CPU engine: the "device" is host memory
+    # and every copy is synchronous), so a layer's recall adds to its time instead of overlapping compute.
+    io_overlaps_compute: bool = True
+
+    @model_validator(mode="after")
+    def _check_table(self) -> HardwareSpec:
+        table = self.h2d_size_table
+        if table is not None:
+            sizes = [size for size, _ in table]
+            if len(table) < 2 or sizes != sorted(set(sizes)):
+                raise ValueError(f"h2d_size_table needs >= 2 points with rising size_bytes, got sizes {sizes}")
+        return self
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gib * GIB)
+
+    @property
+    def host_dram_bytes(self) -> int:
+        return int(self.host_dram_gib * GIB)
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.reserve_gib * GIB)

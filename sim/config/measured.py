@@ -1,0 +1,134 @@
+"""Measured inputs: selection statistics of a real model and calibrated profiles (``pulseinfer calibrate``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from sim.config.base import NonNeg, PositiveFloat, PositiveInt, Spec
+from sim.config.cards import HardwareSpec, ModelSpec
+
+
+class RecallStatsSpec(Spec):
+    """How selections change from step to step, per layer (DESIGN.md "Recall model").
+
+    The fraction of a (request, layer)'s selected blocks that changes from one step to the next is drawn
+    per (request, layer, step) from a Kumaraswamy(a, b) distribution on [0, 1] whose mean follows
+    ``change_mean_by_depth`` (piecewise linear in normalised depth l / (num_layers − 1), so statistics of a
+    30-layer model transfer to a 40-layer one). Of the changed-in blocks, ``returning_frac`` were
+    selected within the last ``working_set_steps`` steps and hit the recall buffer when it holds that
+    working set; the rest are new and always recalled.
+
+    A profile from ``pulseinfer calibrate selection`` replaces these with a real model's measurements
+    (calibrate/selection_fit.py), including ``working_set_ratio``, the measured size of the working set.
+
+    Defaults (Model assumption, placeholders until the engine measures them on a real model): the level,
+    under 25 % of blocks changing per step, is NOSA's (REFERENCE.md §2.1); ``returning_frac`` 0.5 and the
+    12-step window are SparseServe's working-set figures (+10.7 % overlap from 1 to 12 steps, +0.3 % beyond,
+    §2.2); the higher change in early layers follows MODEL.md ("layers 0–1 attend diffusely").
+    """
+
+    change_mean_by_depth: Annotated[list[tuple[float, float]], Field(min_length=1)] = [
+        (0.0, 0.30),
+        (0.1, 0.22),
+        (1.0, 0.16),
+    ]
+    change_shape_a: PositiveFloat = 2.0  # Kumaraswamy a; b follows from the mean
+    returning_frac: Annotated[float, Field(ge=0, le=1)] = 0.5
+    working_set_steps: PositiveInt = 12
+    # Measured W / k: distinct blocks selected over the last working_set_steps steps per selected block
+    # (`pulseinfer calibrate selection`). None: the model assumption W = k (1 + w · m_l). Selections that flicker
+    # among a few blocks have a far smaller working set (SmolLM2, 2K context, budget 512: 1.54 vs 2.7).
+    working_set_ratio: Annotated[float, Field(ge=1)] | None = None
+    headwise_union_ratio: Annotated[float, Field(ge=1)] | None = None  # measured |∪_h S_h| / k; informational
+
+    @model_validator(mode="after")
+    def _check_knots(self) -> RecallStatsSpec:
+        depths = [d for d, _ in self.change_mean_by_depth]
+        if depths != sorted(depths) or depths[0] < 0 or depths[-1] > 1:
+            raise ValueError(f"change_mean_by_depth depths must rise within [0, 1], got {depths}")
+        for _, mean in self.change_mean_by_depth:
+            if not 0 < mean < 1:
+                raise ValueError(f"change_mean_by_depth means must be in (0, 1), got {mean}")
+        return self
+
+
+class ComputeProfile(Spec):
+    """Measured decode compute of one model on one device (a linear fit of microbenchmarks).
+
+    Per decoder layer and decode step, for a batch of B requests attending T KV tokens in total::
+
+        layer_s(B, T) = (layer_base_us + layer_per_request_us · B) · 1e-6 + layer_per_token_ns · T · 1e-9
+
+    and after the last layer (embedding, final norm, LM head, sampling, per-step bookkeeping)::
+
+        head_s(B) = (head_base_us + head_per_request_us · B) · 1e-6
+
+    The form is the decode roofline of sim/compute.py made linear: the base is reading the layer's
+    weights, the per-token term reading KV, the per-request term the activations. It holds for dense
+    models; MoE expert reads (which grow with B non-linearly) are not covered. ``mape_pct`` is the mean
+    absolute percentage error of the fit over its ``points`` measurements (calibrate/fit.py).
+    """
+
+    model: str  # name of the ModelSpec the measurements ran on; a scenario must use that model
+    layer_base_us: NonNeg
+    layer_per_request_us: NonNeg
+    layer_per_token_ns: NonNeg
+    head_base_us: NonNeg
+    head_per_request_us: NonNeg
+    mape_pct: NonNeg = 0.0
+    head_mape_pct: NonNeg = 0.0
+    points: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _check_positive(self) -> ComputeProfile:
+        if self.layer_base_us + self.layer_per_request_us + self.layer_per_token_ns <= 0:
+            raise ValueError(
+                "layer_base_us, layer_per_request_us and layer_per_token_ns are all 0: a layer would take no time"
+            )
+        return self
+
+
+class SelectionProfile(Spec):
+    """Measured cost of block selection (Quest scores over summaries, top-k), per layer and decode step::
+
+        select_s(C) = (base_us + per_block_ns · C · 1e-3) · 1e-6
+
+    with C the candidate (offloaded) blocks summed over the batch's offloaded requests. When a profile has
+    this section, the simulator charges it instead of counting block summaries as attended tokens.
+    """
+
+    base_us: NonNeg
+    per_block_ns: NonNeg
+    mape_pct: NonNeg = 0.0
+    points: Annotated[int, Field(ge=0)] = 0
+
+    def seconds(self, candidate_blocks: float) -> float:
+        """Selection seconds of one layer for ``candidate_blocks`` blocks in total (0 when there are none)."""
+        if candidate_blocks <= 0:
+            return 0.0
+        return self.base_us * 1e-6 + self.per_block_ns * 1e-9 * candidate_blocks
+
+
+class Profile(Spec):
+    """A calibrated profile (format and use: sim/profile.py). Sections left out fall back to cards and defaults."""
+
+    name: str = "profile"
+    source: str = "unspecified"
+    metadata: dict[str, str | int | float | bool | None] = {}
+    hardware: HardwareSpec | None = None
+    model: ModelSpec | None = None
+    compute: ComputeProfile | None = None
+    selection: SelectionProfile | None = None
+    recall_stats: RecallStatsSpec | None = None
+    recall_stats_source: str | None = None
+
+    @model_validator(mode="after")
+    def _check_model(self) -> Profile:
+        if self.compute is not None and self.model is not None and self.compute.model != self.model.name:
+            raise ValueError(
+                f"compute.model {self.compute.model!r} differs from model.name {self.model.name!r}: the compute "
+                "section must describe the profile's own model"
+            )
+        return self

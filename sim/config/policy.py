@@ -1,0 +1,92 @@
+"""Policy section: the knobs of dense (SGLang-like) and offloading policies (presets in ``scenarios/policies/``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.base import PositiveInt, Spec
+
+
+class DensePolicy(Spec):
+    """Dense serving, SGLang-like: all KV on the GPU, batch capped by the KV pool (REFERENCE.md §5).
+
+    Shipped preset: ``scenarios/policies/sglang.yaml``.
+    """
+
+    kind: Literal["dense"] = "dense"
+    block_size: PositiveInt = 1  # SGLang's page_size default is 1 token
+    chunked_prefill_tokens: PositiveInt = 8192  # chunked_prefill_size on A100/H100/H200 (§5.2)
+    max_running_requests: PositiveInt = 2048
+    new_token_ratio_init: Annotated[float, Field(ge=0, le=1)] = 0.7  # §5.2 item 4
+    new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
+    new_token_ratio_decay_steps: PositiveInt = 600
+    clip_max_new_tokens: PositiveInt = 4096
+
+    @model_validator(mode="after")
+    def _check_ratio(self) -> DensePolicy:
+        if self.new_token_ratio_init < self.new_token_ratio_min:
+            raise ValueError(
+                f"new_token_ratio_init ({self.new_token_ratio_init}) must be >= new_token_ratio_min "
+                f"({self.new_token_ratio_min})"
+            )
+        return self
+
+
+class OffloadPolicy(DensePolicy):
+    """KV offloading with sparse (or full) recall. Presets in ``scenarios/policies/``: ``full_offload``,
+    ``headwise`` and ``pulseinfer`` are this model with different switches.
+
+    Requests with a prompt of at least ``offload_threshold_tokens`` are offloaded: the GPU keeps the sink,
+    the recent window, a recall buffer and the block summaries; every other block lives in host DRAM.
+    ``selection``: ``solohead`` (one block set per request and layer, DESIGN.md mechanism 1),
+    ``headwise`` (each KV head its own set) or ``all`` (recall every offloaded block, FlexGen-like).
+    ``io``: ``gather_scatter`` (host gather into a staging buffer, one H2D copy per layer, mechanism 2)
+    or ``per_fragment`` (one copy per fragment).
+    """
+
+    kind: Literal["offload"] = "offload"
+    block_size: PositiveInt = 32
+    selection: Literal["solohead", "headwise", "all"] = "solohead"
+    io: Literal["gather_scatter", "per_fragment"] = "gather_scatter"
+    budget_tokens: PositiveInt = 2048  # attended tokens selected per (request, layer, step)
+    sink_tokens: Annotated[int, Field(ge=0)] = 128
+    recent_tokens: Annotated[int, Field(ge=0)] = 512
+    recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer (per head: headwise)
+    offload_threshold_tokens: PositiveInt = 8192
+    max_offloaded_requests: PositiveInt = 256
+    miss_rate: Annotated[float, Field(ge=0, le=1)] | None = None  # fixed miss rate instead of recall_stats
+    # Mechanism 3, interruptible layer-wise scheduling (sim/interrupt.py); "sequential" = one-layer
+    # prefetch, whole-layer FIFO copies (the baseline).
+    scheduling: Literal["sequential", "interruptible"] = "sequential"
+    lookahead_layers: PositiveInt = 1  # recalls issued this many layers ahead
+    # Model assumption: a selection d layers ahead is wrong on late_correction_frac × (d − 1) of its
+    # blocks (capped at 1); those are fetched as an urgent correction when the layer is about to run.
+    late_correction_frac: Annotated[float, Field(ge=0, le=1)] = 0.05
+    chunk_bytes: PositiveInt = 4 * 2**20  # pre-emption granularity of the link
+    micro_batches: PositiveInt = 1  # batch split into groups interleaved layer by layer
+    # Mechanism 4, IO-adaptive offloading admission (sim/admission.py); "static" = memory only.
+    admission: Literal["static", "io_adaptive"] = "static"
+    admission_slack: Annotated[float, Field(ge=-0.75, le=2.0)] = 0.1  # initial: recall ≤ compute × (1 + slack)
+    stall_target_frac: Annotated[float, Field(gt=0, lt=1)] = 0.05  # AIMD: shrink when a step stalls more
+    dense_headroom_frac: Annotated[float, Field(ge=0, le=1)] = 0.25  # run long requests dense while this
+    # fraction of the KV pool would stay free after them (io_adaptive only)
+
+    @model_validator(mode="after")
+    def _check_blocks(self) -> OffloadPolicy:
+        if self.micro_batches > 1 and self.scheduling != "interruptible":
+            raise ValueError("micro_batches > 1 needs scheduling: interruptible")
+        if self.selection == "all":
+            return self
+        if self.budget_tokens < self.block_size:
+            raise ValueError(f"budget_tokens ({self.budget_tokens}) must be >= block_size ({self.block_size})")
+        if self.recall_buffer_blocks * self.block_size < self.budget_tokens:
+            raise ValueError(
+                f"recall_buffer_blocks × block_size ({self.recall_buffer_blocks * self.block_size} tokens) "
+                f"must hold budget_tokens ({self.budget_tokens})"
+            )
+        return self
+
+
+PolicySpec = Annotated[DensePolicy | OffloadPolicy, Field(discriminator="kind")]

@@ -1,0 +1,92 @@
+"""The whole experiment: hardware × model × workload × policies, plus SLO, serving layout and run options."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.base import PositiveFloat, PositiveInt, Spec
+from sim.config.cards import HardwareSpec, ModelSpec
+from sim.config.measured import Profile, RecallStatsSpec
+from sim.config.policy import PolicySpec
+from sim.config.workload import WorkloadSpec
+
+
+class SloSpec(Spec):
+    """Per-request service-level objective; goodput counts requests that meet every set bound."""
+
+    tpot_ms: PositiveFloat | None = 100.0
+    ttft_s: PositiveFloat | None = None
+
+
+class ServingSpec(Spec):
+    """Where prefill runs relative to the simulated decode GPU.
+
+    ``colocated``: the GPU runs prefill and decode itself, SGLang's default (prefill first, chunked).
+    ``disaggregated``: prefill runs on ``num_prefill_gpus`` separate GPUs of the same card (FIFO, one
+    request at a time each) and finished prefills queue for the decode GPU, as in Mooncake's
+    prefill/decode split and SGLang HiSparse's decode-only deployment (REFERENCE.md §5.4). Model
+    assumption: KV transfer from the prefill GPU is hidden (layer-wise RDMA) and costs no time.
+    ``none``: requests arrive with their prompt's KV already cached and their first token sampled (prefill
+    is not simulated) — decode alone, as `pulseinfer validate` runs the engine on pre-filled caches.
+    """
+
+    prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
+    num_prefill_gpus: PositiveInt = 4
+
+
+class RunSpec(Spec):
+    """How to run the simulation (not what is simulated)."""
+
+    layer_model: Literal["closed_form", "events"] = "closed_form"
+    horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
+    debug_checks: bool = False  # expensive invariant sweeps every step (tests turn it on)
+    layer_bin_s: PositiveFloat = 10.0  # time bin of layer_recall.csv (the layer × time heatmap)
+    timeline_step: PositiveInt = 200  # timeline.csv shows the N-th decode step that recalls (else the first)
+    progress: bool = True
+
+
+class Scenario(Spec):
+    """A whole experiment: hardware × model × workload × policies, plus SLO and run options."""
+
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0)] = 0
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    slo: SloSpec = SloSpec()
+    serving: ServingSpec = ServingSpec()
+    policies: Annotated[list[str], Field(min_length=1)]  # names to run, in order
+    policy: dict[str, PolicySpec]  # resolved knobs of every policy in ``policies`` (loader merges presets)
+    recall_stats: RecallStatsSpec = RecallStatsSpec()
+    profile: Profile | None = None  # calibrated measurements; the loader fills hardware/model/recall_stats from it
+    run: RunSpec = RunSpec()
+
+    @model_validator(mode="after")
+    def _check_policies(self) -> Scenario:
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policies must not repeat a name, got {self.policies}")
+        missing = [p for p in self.policies if p not in self.policy]
+        if missing:
+            raise ValueError(f"policies {missing} have no entry under policy")
+        compute = self.profile.compute if self.profile else None
+        measured = self.profile.model if self.profile else None
+        same_layers = (
+            measured is not None
+            and measured.model_copy(
+                update={
+                    "name": self.model.name,
+                    "num_layers": self.model.num_layers,
+                    "max_seq_len": self.model.max_seq_len,
+                }
+            )
+            == self.model
+        )  # per-layer compute of a few layers of this very model (a GPU calibration runs 4)
+        if compute is not None and compute.model != self.model.name and not same_layers:
+            raise ValueError(
+                f"profile.compute was measured on model {compute.model!r} but the scenario's model is "
+                f"{self.model.name!r}; use that model (leave `model` out, or --set model=null, to take the "
+                f"profile's) or a profile calibrated with --model {self.model.name}"
+            )
+        return self

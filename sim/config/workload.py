@@ -1,0 +1,86 @@
+"""Workload section: which requests arrive when (a trace, or seeded synthetic arrivals), and how a session
+trace is replayed closed loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.base import PositiveFloat, PositiveInt, Spec
+
+
+class ColumnsSpec(Spec):
+    """Which columns of a generic CSV / JSONL trace hold the arrival time and the token counts."""
+
+    arrival: Annotated[str, Field(min_length=1)]
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = "s"  # datetime: seconds since the earliest row
+    prompt_tokens: Annotated[str, Field(min_length=1)]
+    output_tokens: Annotated[str, Field(min_length=1)]
+
+
+class SessionsSpec(Spec):
+    """Closed-loop replay of a session trace (``sim/sessions.py``).
+
+    Sessions start at seeded Poisson times (the first at 0 s, mean gap 1 / ``session_rate_per_s``), in the
+    trace's session order; at most ``max_concurrent_sessions`` run at once (later starts wait for a free
+    slot). Within a session, request k + 1 is issued its ``think_time_s`` after request k finished.
+    ``max_sessions`` above the trace's session count replays its sessions again, in order (counted).
+    """
+
+    session_rate_per_s: PositiveFloat = 0.05
+    max_concurrent_sessions: PositiveInt | None = None  # None = no cap
+    max_sessions: PositiveInt | None = None  # first N sessions (more: replayed again); None = each once
+    max_think_time_s: Annotated[float, Field(ge=0)] | None = None  # cap recorded pauses (counted); None = as recorded
+
+
+class SyntheticSpec(Spec):
+    """Poisson arrivals with lognormal prompt and output lengths (mean and coefficient of variation)."""
+
+    num_requests: PositiveInt
+    rate_per_s: PositiveFloat
+    prompt_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
+    output_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
+    prompt_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 1.0
+    output_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 0.5
+
+
+class WorkloadSpec(Spec):
+    """Which requests arrive when. ``trace`` is a shipped trace name or a file path; ``synthetic``
+    generates Poisson arrivals instead (exactly one of the two).
+
+    ``format`` picks the reader (``traces.FORMATS``; ``auto`` guesses from the name, extension and first
+    line); ``csv`` and ``jsonl`` read any file through ``columns``. A session trace (``kvcache_tester``) is
+    replayed closed loop with ``sessions`` (defaults if absent); the window and time-scale keys do not apply
+    to it (sessions have no shared clock), the prompt-length filter does.
+    """
+
+    trace: str | None = "mooncake_conversation"
+    format: Literal["auto", "mooncake", "azure", "ragpulse", "kvcache_tester", "burstgpt", "csv", "jsonl"] = "auto"
+    columns: ColumnsSpec | None = None  # column mapping for format csv / jsonl
+    week: PositiveInt | None = None  # RAGPulse: which week of a multi-week file (each week has its own clock)
+    sessions: SessionsSpec | None = None  # closed-loop replay of a session trace
+    synthetic: SyntheticSpec | None = None
+    start_s: Annotated[float, Field(ge=0)] | None = None  # window on the trace's own clock
+    end_s: PositiveFloat | None = None
+    max_requests: PositiveInt | None = None
+    time_scale: PositiveFloat = 1.0  # > 1 stretches inter-arrival times (lower load)
+    target_rate_per_s: PositiveFloat | None = None  # alternative to time_scale
+    min_prompt_tokens: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        if (self.trace is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of workload.trace and workload.synthetic")
+        if self.target_rate_per_s is not None and self.time_scale != 1.0:
+            raise ValueError("give workload.time_scale or workload.target_rate_per_s, not both")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"workload.end_s ({self.end_s}) must be > workload.start_s ({self.start_s})")
+        if self.columns is not None and self.format not in ("auto", "csv", "jsonl"):
+            raise ValueError(f"workload.columns applies to format csv or jsonl, not {self.format}")
+        if self.format in ("csv", "jsonl") and self.columns is None:
+            raise ValueError(f"workload.format {self.format} needs workload.columns (arrival, prompt_tokens, ...)")
+        if self.synthetic is not None and (self.sessions is not None or self.columns is not None):
+            raise ValueError("workload.sessions and workload.columns apply to a trace, not to workload.synthetic")
+        return self

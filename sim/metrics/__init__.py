@@ -1,0 +1,24 @@
+"""Metrics: records of a run → per-request, per-step and per-layer tables → one summary row per policy."""
+
+from sim.metrics.tables import (
+    LAYER_COLUMNS,
+    LAYER_RECALL_COLUMNS,
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    SUMMARY_COLUMNS,
+    TIMELINE_COLUMNS,
+    Recorder,
+    layer_recall_table,
+    layers_table,
+    meets_slo,
+    requests_table,
+    steps_table,
+    summarize,
+    timeline_table,
+)
+
+__all__ = [
+    "LAYER_COLUMNS", "LAYER_RECALL_COLUMNS", "REQUEST_COLUMNS", "STEP_COLUMNS", "SUMMARY_COLUMNS", "TIMELINE_COLUMNS",
+    "Recorder", "layer_recall_table", "layers_table", "meets_slo", "requests_table", "steps_table", "summarize",
+    "timeline_table",
+]  # fmt: skip
