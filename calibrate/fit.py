@@ -29,8 +29,8 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from sim import link
-from sim.specs import ComputeProfile, SelectionProfile
+from sim.config import ComputeProfile, SelectionProfile
+from sim.step import link
 
 
 @dataclass(frozen=True)

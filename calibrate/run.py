@@ -29,9 +29,9 @@ from calibrate import bench, fit
 from calibrate.harness import engine_policy
 from calibrate.scale import scaled_card
 from engine.model import DecoderConfig
-from sim.loader import load_card
-from sim.profile import read_profile, write_profile
-from sim.specs import GIB, HardwareSpec, ModelSpec, Profile
+from sim.config import GIB, HardwareSpec, ModelSpec, Profile
+from sim.config.loader import load_card
+from sim.config.profiles import read_profile, write_profile
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -10,7 +10,7 @@ and the simulator uses that card with that profile (sim/specs.py refuses a diffe
 
 from __future__ import annotations
 
-from sim.specs import ModelSpec
+from sim.config import ModelSpec
 
 CPU_VOCAB = 4096
 

@@ -32,8 +32,8 @@ from math import exp, lgamma, log
 import numpy as np
 import pandas as pd
 
-from sim.recall import kumaraswamy_b
-from sim.specs import RecallStatsSpec
+from sim.config import RecallStatsSpec
+from sim.step.recall import kumaraswamy_b
 
 CLIP = 1e-3  # change means are kept in [CLIP, 1 - CLIP]
 A_RANGE = (0.05, 50.0)  # search interval of the Kumaraswamy shape a

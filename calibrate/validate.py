@@ -30,10 +30,10 @@ from calibrate.bench import bench_compute
 from calibrate.harness import build_decoder, engine_policy, run_decode
 from calibrate.run import decoder_config
 from engine.model import init_weights
-from sim.compute import ComputeModel
-from sim.loader import validate_scenario
+from sim.config import Profile
+from sim.config.loader import validate_scenario
 from sim.run import simulate_policy
-from sim.specs import Profile
+from sim.step.compute import ComputeModel
 
 VALIDATION_COLUMNS = ["policy", "metric", "simulated", "measured", "error_pct"]
 STEP_COLUMNS = ["policy", "step", "batch_size", "measured_s", "simulated_s"]
@@ -111,7 +111,7 @@ def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkl
     Raises:
         ScenarioError: if the profile lacks hardware, model or compute.
     """
-    from sim.loader import ScenarioError
+    from sim.config import ScenarioError
 
     missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
     if missing:

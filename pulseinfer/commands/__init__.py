@@ -49,7 +49,7 @@ def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
 
 def check_out_folder(out, flag: str = "--out") -> None:
     """Raise ScenarioError (a ValueError) if ``out`` exists and is not a folder."""
-    from sim.loader import ScenarioError
+    from sim.config import ScenarioError
 
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"{flag} {out}: exists and is not a folder; give a folder path")

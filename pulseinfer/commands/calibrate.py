@@ -132,7 +132,7 @@ def _run_selection(args: argparse.Namespace) -> int:
                 f"+ the largest budget {max(budgets)} + one block), or no block is ever left unselected"
             )
         if (out / "profile.yaml").is_file():  # fail on an unreadable profile before the model runs
-            from sim.profile import read_profile
+            from sim.config.profiles import read_profile
 
             read_profile(out / "profile.yaml")
         if args.steps is not None and args.steps <= 12:

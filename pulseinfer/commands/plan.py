@@ -57,9 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.kv import CapacityError
-    from sim.loader import ScenarioError
-    from sim.plan import check_plan, run_plan
+    from sim.config import ScenarioError
+    from sim.serving.kv import CapacityError
+    from sim.study.plan import check_plan, run_plan
 
     try:
         cfg = _config(args)
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace):
-    from sim.loader import DEFAULT_SCENARIO, load_card, load_scenario
-    from sim.plan import PlanConfig
-    from sim.slo import parse_slo, slo_from_scenario
+    from sim.config.loader import DEFAULT_SCENARIO, load_card, load_scenario
+    from sim.study.plan import PlanConfig
+    from sim.study.slo import parse_slo, slo_from_scenario
 
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)

@@ -76,10 +76,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.kv import CapacityError
-    from sim.loader import ScenarioError
-    from sim.search import StudyMismatch, collect_results, run_search
-    from sim.space import SpaceError
+    from sim.config import ScenarioError
+    from sim.serving.kv import CapacityError
+    from sim.study.search import StudyMismatch, collect_results, run_search
+    from sim.study.space import SpaceError
 
     try:
         cfg = _config(args)
@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace):
     """Validate every input (scenario, SLO, space, storage) before any trial runs."""
-    from sim.loader import DEFAULT_SCENARIO, load_scenario
-    from sim.search import SearchConfig, open_storage
-    from sim.slo import parse_slo, slo_from_scenario
-    from sim.space import check_space, load_space
+    from sim.config.loader import DEFAULT_SCENARIO, load_scenario
+    from sim.study.search import SearchConfig, open_storage
+    from sim.study.slo import parse_slo, slo_from_scenario
+    from sim.study.space import check_space, load_space
 
     if args.trials < 1 or args.jobs < 1:
         raise ValueError(f"--trials ({args.trials}) and --jobs ({args.jobs}) must be >= 1")
@@ -160,7 +160,7 @@ class _progress:
 
 
 def _print_report(cfg, result, wall_s: float) -> None:
-    from sim.search import OBJECTIVES
+    from sim.study.search import OBJECTIVES
 
     trials = result.trials
     states = trials["state"].value_counts().to_dict()

@@ -34,10 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.kv import CapacityError
-    from sim.loader import ScenarioError, load_scenario
-    from sim.report import format_summary
+    from sim.config import ScenarioError, load_scenario
+    from sim.metrics.report import format_summary
     from sim.run import simulate, with_ratios
+    from sim.serving.kv import CapacityError
     from traces import trace_notes
 
     out = args.out

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         torch = import_torch()
         from calibrate.validate import ValidationWorkload, validate
-        from sim.profile import load_profile
+        from sim.config.profiles import load_profile
 
         profile = load_profile(args.profile)
         missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from calibrate.validate import speed_drift
-    from sim.kv import CapacityError
+    from sim.serving.kv import CapacityError
 
     started = time.perf_counter()
     drift = speed_drift(profile, device, seed=args.seed)
