@@ -15,10 +15,11 @@ from sim.metrics.tables import (
     steps_table,
     summarize,
     timeline_table,
+    unfinished_counts,
 )
 
 __all__ = [
     "LAYER_COLUMNS", "LAYER_RECALL_COLUMNS", "REQUEST_COLUMNS", "STEP_COLUMNS", "SUMMARY_COLUMNS", "TIMELINE_COLUMNS",
     "Recorder", "layer_recall_table", "layers_table", "meets_slo", "requests_table", "steps_table", "summarize",
-    "timeline_table",
+    "timeline_table", "unfinished_counts",
 ]  # fmt: skip

@@ -17,12 +17,12 @@ Definitions (STYLE.md §9.3, vLLM's benchmark metrics):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from sim.config import GIB, SloSpec
+from sim.metrics.recorder import Recorder
+from sim.serving.request import INCOMPLETE_REASONS
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",
@@ -42,49 +42,6 @@ SUMMARY_COLUMNS = [
 LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
 LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
 TIMELINE_COLUMNS = ["step_id", "layer", "group", "kind", "start_s", "end_s", "preempted"]
-
-
-@dataclass
-class Recorder:
-    """Append-only records of one policy's run; turned into tables once, at the end.
-
-    Per-layer recall is kept two ways: totals over the run (``layers.csv``) and per time bin of
-    ``layer_bin_s`` seconds (``layer_recall.csv``, the layer × time heatmap).
-    """
-
-    num_layers: int
-    layer_bin_s: float = 10.0
-    steps: list[tuple] = field(default_factory=list)
-    requests: list = field(default_factory=list)  # sim.scheduler.Request objects, finished or rejected
-    link_busy_s: float = 0.0
-    decode_tokens: int = 0
-    num_preemptions: int = 0
-    layer_bytes: np.ndarray = None  # int64 [num_layers]
-    layer_fragments: np.ndarray = None
-    layer_stall_s: np.ndarray = None  # float [num_layers]
-    binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)
-    timeline: list[tuple] = field(default_factory=list)  # one decode step's intervals
-
-    def __post_init__(self) -> None:
-        self.layer_bytes = np.zeros(self.num_layers, dtype=np.int64)
-        self.layer_fragments = np.zeros(self.num_layers, dtype=np.int64)
-        self.layer_stall_s = np.zeros(self.num_layers)
-
-    def add_layers(self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float]) -> None:
-        """Accumulate one step's per-layer recall (int64 [num_layers] each) and stall."""
-        self.layer_bytes += nbytes
-        self.layer_fragments += fragments
-        self.layer_stall_s += stall_s
-        key = int(time_s // self.layer_bin_s)
-        acc = self.binned_bytes.get(key)
-        if acc is None:
-            self.binned_bytes[key] = nbytes.copy()
-        else:
-            acc += nbytes
-
-    def set_timeline(self, step_id: int, groups: int, intervals: list[tuple]) -> None:
-        """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""
-        self.timeline = [(step_id, item // groups, item % groups, kind, a, b, p) for kind, item, a, b, p in intervals]
 
 
 def timeline_table(rec: Recorder) -> pd.DataFrame:
@@ -204,3 +161,11 @@ def summarize(
         "fragments_per_step": float(decode["num_fragments"].mean()) if len(decode) else 0.0,
         "link_gbps_achieved": float(decode["recall_bytes"].sum()) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
     }
+
+
+def unfinished_counts(requests: pd.DataFrame) -> dict[str, int]:
+    """``rejected``: requests that can never run here (refused on arrival or admission);
+    ``incomplete``: requests cut by the horizon or left when the scheduler got stuck."""
+    reason = requests["unfinished_reason"]
+    incomplete = reason.isin(INCOMPLETE_REASONS)
+    return {"rejected": int(((reason != "") & ~incomplete).sum()), "incomplete": int(incomplete.sum())}

@@ -8,7 +8,7 @@ maps a kind to the class that serves it; the scheduler (``sim/scheduler.py``) is
 from __future__ import annotations
 
 from sim.config import Scenario
-from sim.policies.base import Policy, StepCost
+from sim.policies.base import Policy
 from sim.policies.dense import DenseServing
 from sim.policies.offload import OffloadServing
 
@@ -21,4 +21,4 @@ def make_policy(scenario: Scenario, name: str) -> Policy:
     return POLICY_KINDS[params.kind](scenario, name, params)
 
 
-__all__ = ["POLICY_KINDS", "DenseServing", "OffloadServing", "Policy", "StepCost", "make_policy"]
+__all__ = ["POLICY_KINDS", "DenseServing", "OffloadServing", "Policy", "make_policy"]

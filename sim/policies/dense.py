@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.policies.base import Policy, StepCost
+from sim.policies.base import Policy
+from sim.step.cost import StepCost
 
 
 class DenseServing(Policy):

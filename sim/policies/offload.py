@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config import OffloadPolicy, Scenario
-from sim.policies.base import InterruptPlan, Policy, StepCost
-from sim.serving.admission import IoAdmission
+from sim.policies.base import Policy
+from sim.serving.admission import Admission, IoAdaptiveAdmission, RecallBudget
+from sim.step.cost import InterruptPlan, StepCost
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
@@ -57,16 +58,22 @@ class OffloadServing(Policy):
         profile = scenario.profile
         self.selection_cost = profile.selection if profile is not None and not self.full else None
         self.io_overlaps = scenario.hardware.io_overlaps_compute
-        self.admission = None
-        if params.admission == "io_adaptive":
-            fb = self.recall.fragment_bytes
-            warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
-            self.admission = IoAdmission(
-                params.admission_slack,
-                params.stall_target_frac,
-                self.layer_link_s(warm * fb, warm)[1],
-                self.layer_link_s(cold * fb, cold)[1],
-            )
+        self.admission = self._make_admission()
+
+    def _make_admission(self) -> Admission:
+        """Memory-only admission, or the IO-adaptive kind with this policy's recall-vs-compute bound."""
+        params = self.params
+        if params.admission != "io_adaptive":
+            return Admission(self)
+        fb = self.recall.fragment_bytes
+        warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
+        budget = RecallBudget(
+            params.admission_slack,
+            params.stall_target_frac,
+            self.layer_link_s(warm * fb, warm)[1],
+            self.layer_link_s(cold * fb, cold)[1],
+        )
+        return IoAdaptiveAdmission(self, budget)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens
@@ -179,6 +186,3 @@ class OffloadServing(Policy):
         )
         return self.link.layer_times(rec.nbytes, rec.fragments, mode, self.params.chunk_bytes)
 
-    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
-        if self.admission is not None:
-            self.admission.observe(step_s, stall_s, link_busy_s)

@@ -1,30 +1,185 @@
-"""IO-adaptive offloading admission (DESIGN.md mechanism 4, our reading): bound recall by compute.
+"""Admission: which queued requests join the running batch, dense or offloaded (SGLang ``PrefillAdder`` rules,
+plus DESIGN.md mechanism 4, IO-adaptive offloading admission, as we read it).
 
-Each scheduler iteration, an offloaded request may join the running batch only if the predicted
-per-layer recall time of every offloaded request in the next step stays within the predicted per-layer
-compute time times φ = 1 + slack::
+The policy owns one admission object (``Policy.admission``); the replica asks it, at each scheduler
+iteration, to walk the waiting queue (:meth:`Admission.select`) and calls its hooks after each decode step
+and retraction. Two kinds:
 
-    n_warm · r_warm + (n_cold + 1) · r_cold  ≤  φ · c(batch + 1, attended + new)
+* :class:`Admission` (``admission: static``, and every dense policy): FCFS; a request joins if its device
+  blocks plus a reservation for the future tokens of every running request fit in the free pool
+  (remaining output clipped at ``clip_max_new_tokens`` × ``new_token_ratio``; the ratio decays linearly
+  from ``new_token_ratio_init`` to ``new_token_ratio_min`` over ``new_token_ratio_decay_steps`` decode steps
+  and is reset by a retraction, REFERENCE figures of SGLang's scheduler); an offloaded request also needs
+  host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at the
+  first request that must wait.
+* :class:`IoAdaptiveAdmission` (``admission: io_adaptive``): additionally (1) runs a long request dense while
+  the pool keeps ``dense_headroom_frac`` free after it, and (2) lets an offloaded request join only while the
+  predicted per-layer recall of the next step stays within φ × the predicted per-layer compute
+  (:class:`RecallBudget`, φ adapted by AIMD on the measured stall). A request held back only by (2) lets up
+  to ``BYPASS_SCAN`` requests behind it try (dense ones get in).
 
-``r_warm`` / ``r_cold`` are one request's expected per-layer link times (sim/recall.py
-``expected_layer_fragments``: a cold request recalls its whole selection), ``c`` the roofline layer time.
-Requests already running are never evicted when φ shrinks (Model assumption: admission only gates who
-joins; no mid-request preemption for I/O).
-
-φ adapts to what the last step measured (AIMD): if the step's stall exceeded ``stall_target_frac`` of
-its time, φ ← 0.8·φ; if the stall stayed under half the target and the link was busy less than 80 % of
-the step, φ ← φ + 0.05. φ stays within [0.25, 3].
+Model assumption: admission only gates who joins; running requests are never evicted when φ shrinks.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.serving.kv import KvState
+from sim.serving.request import DecodeBatch, Request
+
+if TYPE_CHECKING:
+    from sim.policies.base import Policy
+
+BYPASS_SCAN = 32  # queued requests scanned past an offloaded head that the I/O admission holds back
 PHI_MIN, PHI_MAX = 0.25, 3.0
 PHI_DECREASE, PHI_INCREASE = 0.8, 0.05
 LINK_IDLE_BUSY_FRAC = 0.8
 
+OK, WAIT, WAIT_IO = "ok", "wait", "wait_io"  # verdicts; any other verdict is the reason a request never runs
 
-class IoAdmission:
-    """Admission controller state for one replica.
+
+class Admission:
+    """Memory-only admission with SGLang's future-token reservation.
+
+    Args:
+        policy: the policy that owns it (block counts, params, compute model).
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        p = policy.params
+        self.policy = policy
+        self.max_running = p.max_running_requests
+        self.clip_max_new_tokens = p.clip_max_new_tokens
+        self.ratio_init, self.ratio_min = p.new_token_ratio_init, p.new_token_ratio_min
+        self.ratio_decay = (p.new_token_ratio_init - p.new_token_ratio_min) / p.new_token_ratio_decay_steps
+        self.new_token_ratio = p.new_token_ratio_init
+        self.max_offloaded = getattr(p, "max_offloaded_requests", 0)
+        self.kv_bytes_per_token = policy.model.kv_bytes_per_token
+
+    # ---- hooks the replica calls -----------------------------------------------------------------
+    def on_decode_step(self, attended_tokens: int) -> None:
+        """After each decode step: decay ``new_token_ratio``; ``attended_tokens`` is what the step read per layer."""
+        self.new_token_ratio = max(self.ratio_min, self.new_token_ratio - self.ratio_decay)
+
+    def on_retract(self) -> None:
+        """After a retraction (SGLang resets the ratio to be conservative again)."""
+        self.new_token_ratio = self.ratio_init
+
+    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
+        """Feedback from one decode step's timing (used by IO-adaptive admission)."""
+
+    # ---- the queue walk --------------------------------------------------------------------------
+    def select(
+        self,
+        waiting: deque[Request],
+        batch: DecodeBatch,
+        kv: KvState,
+        running: int,
+        more: Callable[[], bool],
+        disaggregated: bool,
+    ) -> Iterator[tuple[Request, str]]:
+        """Walk the queue FCFS; yield ``(request, verdict)`` for each request taken off it.
+
+        ``verdict`` is :data:`OK` (it holds its blocks now) or the reason it can never run here (reject it).
+        Stops at the first request that must wait for memory; ``more()`` is asked before each request.
+        ``disaggregated``: requests bring their KV from remote prefill (prompt + generated − 1 tokens).
+        """
+        reserved = self.reserved_blocks(batch)
+        pos = 0
+        while pos < len(waiting) and running < self.max_running and more():
+            req = waiting[pos]
+            cached = req.prompt_tokens + req.generated - 1 if disaggregated else None
+            verdict = self.decide(req, kv, batch, reserved, cached)
+            if verdict == WAIT_IO and pos < BYPASS_SCAN:
+                pos += 1  # the link is full, not the pool: let dense requests behind it in
+                continue
+            if verdict in (WAIT, WAIT_IO):
+                return
+            del waiting[pos]
+            if verdict == OK:
+                reserved += self.future_blocks(req)
+                running += 1
+            yield req, verdict
+
+    # ---- one request -----------------------------------------------------------------------------
+    def decide(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, cached: int | None) -> str:
+        """Admit ``req`` if it fits (blocks taken, :data:`OK`), else :data:`WAIT`, :data:`WAIT_IO` or a reason.
+
+        ``cached`` is the KV tokens the request brings (disaggregated: computed remotely); by default the tokens
+        its local prefill will cache (prompt + generated).
+        """
+        reason = self.never_fits(req, kv)
+        if reason:
+            return reason
+        pol = self.policy
+        target = req.prompt_tokens + req.generated if cached is None else cached
+        offloaded = self.choose_offload(req, kv, reserved)
+        need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
+        host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
+        req.offloaded = offloaded
+        if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
+            return WAIT
+        # The reservation rounds up per block; never ask for more than the request can ever hold.
+        if min(need + self.future_blocks(req), worst) > kv.device.free - reserved:
+            return WAIT
+        if offloaded and not self.io_allows(kv, batch):
+            return WAIT_IO
+        kv.hold(req, need, host_need)
+        req.prefill_target, req.prefilled = target, 0
+        return OK
+
+    def choose_offload(self, req: Request, kv: KvState, reserved: float) -> bool:
+        """Whether ``req`` runs offloaded: the policy wants it and the host can hold its KV."""
+        return self.offload_possible(req, kv)
+
+    def io_allows(self, kv: KvState, batch: DecodeBatch) -> bool:
+        """Whether the link has room for one more offloaded request (always, for memory-only admission)."""
+        return True
+
+    def offload_possible(self, req: Request, kv: KvState) -> bool:
+        """The policy wants ``req`` offloaded and the host can hold its KV (else it runs dense)."""
+        return (
+            self.policy.wants_offload(req.prompt_tokens)
+            and req.total_tokens * self.kv_bytes_per_token <= kv.host.capacity
+        )
+
+    def never_fits(self, req: Request, kv: KvState) -> str:
+        """Why ``req`` can never be served on this replica ('' if it can); checked on arrival too."""
+        if req.total_tokens > self.policy.model.max_seq_len:
+            return "exceeds_max_seq_len"
+        if self.policy.blocks_one(req.total_tokens, self.offload_possible(req, kv)) > kv.device.capacity:
+            return "exceeds_kv_pool"
+        return ""
+
+    # ---- the future-token reservation ------------------------------------------------------------
+    def future_blocks(self, req: Request) -> float:
+        """Blocks reserved for ``req``'s future tokens (remaining output, clipped, × new_token_ratio)."""
+        future = min(req.output_tokens - req.generated, self.clip_max_new_tokens)
+        return self.policy.growth_one(future, req.offloaded) * self.new_token_ratio
+
+    def reserved_blocks(self, batch: DecodeBatch) -> float:
+        """:meth:`future_blocks` summed over the running batch."""
+        if not len(batch):
+            return 0.0
+        future = np.minimum(batch.output - batch.generated, self.clip_max_new_tokens)
+        return float(self.policy.growth_blocks(future, batch.offloaded).sum()) * self.new_token_ratio
+
+
+class RecallBudget:
+    """The IO-adaptive bound: predicted per-layer recall of the next step ≤ φ × predicted per-layer compute::
+
+        n_warm · r_warm + (n_cold + 1) · r_cold  ≤  φ · c(batch + 1, attended + new)
+
+    ``r_warm`` / ``r_cold`` are one request's expected per-layer link times (sim/step/recall.py
+    ``expected_layer_fragments``: a cold request recalls its whole selection), ``c`` the layer compute time.
+    φ = 1 + slack adapts to each decode step (AIMD): if the step's stall exceeded ``stall_target_frac`` of
+    its time, φ ← 0.8·φ; if the stall stayed under half the target and the link was busy less than 80 % of
+    the step, φ ← φ + 0.05. φ stays within [0.25, 3].
 
     Args:
         slack: initial slack (φ = 1 + slack).
@@ -54,3 +209,45 @@ class IoAdmission:
             self.phi = max(PHI_MIN, self.phi * PHI_DECREASE)
         elif stall_s < 0.5 * self.stall_target * step_s and link_busy_s < LINK_IDLE_BUSY_FRAC * step_s:
             self.phi = min(PHI_MAX, self.phi + PHI_INCREASE)
+
+
+class IoAdaptiveAdmission(Admission):
+    """Memory-only admission plus dense-while-HBM-allows and the :class:`RecallBudget` on offloaded joins.
+
+    Args:
+        policy: the offload policy that owns it (``sparse_tokens``, compute model, params).
+        budget: the recall-vs-compute bound.
+    """
+
+    def __init__(self, policy: Policy, budget: RecallBudget) -> None:
+        super().__init__(policy)
+        self.budget = budget
+        self.dense_headroom_frac = policy.params.dense_headroom_frac
+        self.sparse_tokens = policy.sparse_tokens
+        self.last_attended = 0  # KV tokens read per layer by the last decode step
+
+    def on_decode_step(self, attended_tokens: int) -> None:
+        super().on_decode_step(attended_tokens)
+        self.last_attended = attended_tokens
+
+    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
+        self.budget.observe(step_s, stall_s, link_busy_s)
+
+    def choose_offload(self, req: Request, kv: KvState, reserved: float) -> bool:
+        """Offload only if running ``req`` dense would leave less than ``dense_headroom_frac`` of the pool free."""
+        if not self.offload_possible(req, kv):
+            return False
+        dense_worst = self.policy.blocks_one(req.total_tokens, False)
+        return dense_worst + self.dense_headroom_frac * kv.device.capacity > kv.device.free - reserved
+
+    def io_allows(self, kv: KvState, batch: DecodeBatch) -> bool:
+        """Predicted recall of the next step, with one more cold offloaded request, within φ × layer compute."""
+        if kv.num_offloaded == 0:
+            return True  # always let one in: with nothing offloaded there is no recall to protect
+        in_batch = int(batch.offloaded.sum())
+        cold_in_batch = int((batch.offloaded & batch.cold).sum())
+        waiting_prefill = kv.num_offloaded - in_batch  # admitted, still prefilling: cold when they join
+        joining = waiting_prefill + 1
+        attended = self.last_attended + joining * self.sparse_tokens
+        layer_s = self.policy.compute.decode_layer_s(len(batch) + joining, attended)
+        return self.budget.allows(in_batch - cold_in_batch, cold_in_batch + waiting_prefill, layer_s)

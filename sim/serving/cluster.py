@@ -4,7 +4,7 @@ Flow: the router process walks the workload in arrival order; at each arrival it
 attaches a ``done`` event to the request and calls :meth:`Replica.submit`; after the last arrival it
 closes every replica. Each replica runs its own scheduler loop (:meth:`Replica.run`), pool, link and
 seeded generator, exactly as in a single-replica run, so a one-replica cluster *is* the single-replica
-simulation (replica 0 uses the same generator seed as :func:`sim.run.simulate_policy`).
+simulation (replica 0 uses the same generator seed as :func:`sim.run.simulate_policy`; sim/serving/fleet.py).
 
 Routers (``ROUTERS``):
 
@@ -27,10 +27,10 @@ import pandas as pd
 import simpy
 
 from sim.config import Scenario
-from sim.metrics import Recorder, requests_table, steps_table, summarize
-from sim.policies import make_policy
-from sim.run import collect_unfinished, min_event, unfinished_counts
-from sim.serving.replica import Replica, Request
+from sim.metrics import Recorder, requests_table, steps_table, summarize, unfinished_counts
+from sim.serving.fleet import Fleet, request_objects
+from sim.serving.replica import Replica
+from sim.serving.request import Request
 
 ROUTERS = ("round_robin", "least_tokens")
 
@@ -112,31 +112,10 @@ def simulate_cluster(
         CapacityError: if the model does not fit in HBM.
     """
     picker = make_router(router, num_replicas)
-    env = simpy.Environment()
-    replicas, recs = [], []
-    for i in range(num_replicas):
-        rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
-        rec = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
-        replicas.append(Replica(env, scenario, make_policy(scenario, policy_name), [], rng, rec))
-        recs.append(rec)
-    reqs = _requests(workload)
+    fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
     routed = [0] * num_replicas
-    env.process(_route(env, replicas, reqs, picker, routed))
-    mains = env.all_of([env.process(r.run()) for r in replicas])
-    horizon = scenario.run.horizon_s
-    try:
-        env.run(until=mains if horizon is None else min_event(env, mains, horizon))
-        reason = "horizon"
-    except RuntimeError:  # SimPy: no events left before `until`
-        reason = "stuck"
-    for replica, rec in zip(replicas, recs):
-        collect_unfinished(replica, rec, reason)
-    return _cluster_result(scenario, policy_name, router, replicas, recs, routed, env.now)
-
-
-def _requests(workload: pd.DataFrame) -> list[Request]:
-    cols = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
-    return [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in zip(*(workload[c] for c in cols))]
+    fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed))
+    return _cluster_result(fleet, policy_name, router, routed)
 
 
 def _route(
@@ -150,7 +129,7 @@ def _route(
     for req in reqs:
         if req.arrival_s > env.now:
             yield env.timeout(req.arrival_s - env.now)
-        tokens = req.prompt_tokens + req.output_tokens
+        tokens = req.total_tokens
         i = picker.pick(tokens)
         routed[i] += 1
         req.done = env.event()
@@ -160,15 +139,8 @@ def _route(
         replica.close()
 
 
-def _cluster_result(
-    scenario: Scenario,
-    policy_name: str,
-    router: str,
-    replicas: list[Replica],
-    recs: list[Recorder],
-    routed: list[int],
-    now_s: float,
-) -> ClusterResult:
+def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:
+    scenario, recs, replicas = fleet.scenario, fleet.recorders, fleet.replicas
     tables = [requests_table(rec.requests).assign(replica=i) for i, rec in enumerate(recs)]
     requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
     steps = pd.concat([steps_table(rec) for rec in recs], ignore_index=True)
@@ -176,21 +148,11 @@ def _cluster_result(
     merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
     merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
     merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
-    end_s = now_s if scenario.run.horizon_s is not None else float(requests["finish_s"].max())
-    if np.isnan(end_s):
-        end_s = now_s
-    first = replicas[0]
+    kv = replicas[0].kv
     summary = summarize(
-        policy_name,
-        requests,
-        steps,
-        merged,
-        scenario.slo,
-        first.fixed_hbm_bytes,
-        first.block_bytes,
-        end_s,
-        max(r.device.peak for r in replicas),
-    )
+        policy_name, requests, steps, merged, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
+        fleet.end_s(requests), max(r.kv.device.peak for r in replicas),
+    )  # fmt: skip
     summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
     summary.update(num_replicas=len(replicas), router=router, **unfinished_counts(requests))
     return ClusterResult(requests, summary, routed)

@@ -60,3 +60,49 @@ def device_pool_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int
             f"hbm_gib {hardware.hbm_gib:.1f} GiB; pick a larger GPU or a smaller model/dtype"
         )
     return pool_bytes // block_bytes
+
+
+class KvState:
+    """The KV capacity of one replica: the device pool (blocks), host DRAM (bytes) and the requests
+    holding them.
+
+    Args:
+        device_blocks: device-pool size in blocks (:func:`device_pool_blocks`).
+        host_bytes: host DRAM for offloaded KV.
+        block_bytes: bytes of one device block (block_size × KV bytes per token).
+        fixed_hbm_bytes: weights + reserve (HBM that is never KV).
+    """
+
+    def __init__(self, device_blocks: int, host_bytes: int, block_bytes: int, fixed_hbm_bytes: int) -> None:
+        self.device = Pool(device_blocks)
+        self.host = Pool(host_bytes)
+        self.block_bytes = block_bytes
+        self.fixed_hbm_bytes = fixed_hbm_bytes
+        self.num_offloaded = 0  # offloaded requests holding KV
+
+    @property
+    def hbm_used_bytes(self) -> int:
+        """Weights + reserve + the device blocks in use."""
+        return self.fixed_hbm_bytes + self.device.used * self.block_bytes
+
+    def hold(self, req, blocks: int, host_bytes: int) -> None:
+        """Give ``req`` (a ``sim.serving.request.Request``) ``blocks`` device blocks and, when it is offloaded,
+        ``host_bytes`` of host DRAM. The caller has checked both fit."""
+        device_ok = self.device.allocate(blocks)
+        assert device_ok, f"hold of {blocks} blocks with {self.device.free} free"
+        if req.offloaded:
+            host_ok = self.host.allocate(host_bytes)
+            assert host_ok, f"hold of {host_bytes} host bytes with {self.host.free} free"
+            self.num_offloaded += 1
+        req.device_blocks, req.host_bytes, req.holds_kv = blocks, host_bytes, True
+
+    def release(self, req) -> None:
+        """Give back what ``req`` holds (idempotent: a request holding nothing is left alone)."""
+        if not req.holds_kv:  # e.g. a retracted request finishing in its remote re-prefill
+            return
+        self.device.release(req.device_blocks)
+        req.device_blocks, req.holds_kv = 0, False
+        if req.offloaded:
+            self.host.release(req.host_bytes)
+            self.num_offloaded -= 1
+            req.host_bytes = 0

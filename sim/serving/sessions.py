@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.serving.replica import Replica, Request
+from sim.serving.replica import Replica
+from sim.serving.request import Request
 
 
 def session_starts(num_sessions: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:

@@ -32,10 +32,11 @@ from multiprocessing import get_context
 import pandas as pd
 
 from sim.config import ScenarioError, load_scenario
-from sim.run import load_workload, policy_summary
+from sim.run import policy_summary
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
 from sim.study.slo import TailSlo
+from sim.workload import load_workload
 
 PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",

@@ -41,10 +41,11 @@ import yaml
 
 from sim.config.loader import ScenarioError, load_scenario, policy_presets
 from sim.metrics import SUMMARY_COLUMNS
-from sim.run import load_workload, policy_summary
+from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.slo import TailSlo
 from sim.study.space import SearchSpace, override
+from sim.workload import load_workload
 
 # objective name → ((summary column, direction), ...)
 OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {

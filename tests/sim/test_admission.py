@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sim.config import load_scenario
 from sim.run import simulate
-from sim.serving.admission import PHI_MAX, PHI_MIN, IoAdmission
+from sim.serving.admission import PHI_MAX, PHI_MIN, RecallBudget
 
 
 @given(
@@ -18,13 +18,13 @@ from sim.serving.admission import PHI_MAX, PHI_MIN, IoAdmission
     slack=st.floats(-0.75, 2.0),
 )
 def test_admission_never_lets_predicted_recall_exceed_compute_plus_slack(warm, cold, compute, slack):
-    adm = IoAdmission(slack, 0.05, warm_layer_s=2e-5, cold_layer_s=1.5e-4)
+    adm = RecallBudget(slack, 0.05, warm_layer_s=2e-5, cold_layer_s=1.5e-4)
     if adm.allows(warm, cold, compute):
         assert adm.predicted_recall_s(warm, cold + 1) <= adm.phi * compute
 
 
 def test_stall_shrinks_and_idle_link_grows_the_slack():
-    adm = IoAdmission(0.0, 0.05, 1e-5, 1e-4)
+    adm = RecallBudget(0.0, 0.05, 1e-5, 1e-4)
     adm.observe(step_s=0.02, stall_s=0.005, link_busy_s=0.015)
     assert adm.phi == pytest.approx(0.8)
     adm.observe(step_s=0.02, stall_s=0.0, link_busy_s=0.001)

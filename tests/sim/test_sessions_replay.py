@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from sim.config import ScenarioError, load_scenario
-from sim.run import load_workload, simulate
+from sim.run import simulate
 from sim.serving.sessions import session_starts
+from sim.workload import load_workload
 from traces import is_session_table
 
 

@@ -1,0 +1,99 @@
+"""N replicas of one policy in one SimPy environment, and the run loop every simulation shares.
+
+Each replica gets its own policy object (so its own admission state), KV pool, devices, recorder and a
+generator seeded from ``(scenario.seed, seed_index, replica)`` — replica 0 from ``(seed, seed_index)`` alone,
+so a one-replica fleet *is* the single-replica simulation. A driver process feeds requests: open-loop
+arrivals (:meth:`Replica.arrivals`), a router (sim/serving/cluster.py) or closed-loop sessions
+(sim/serving/sessions.py); :meth:`Fleet.run` runs until every replica is done or the horizon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.config import Scenario
+from sim.metrics.recorder import Recorder
+from sim.policies import make_policy
+from sim.serving.replica import Replica
+from sim.serving.request import HORIZON, STUCK, Request
+
+
+def request_objects(workload: pd.DataFrame) -> list[Request]:
+    """One :class:`Request` per workload row, in row (arrival) order."""
+    cols = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+    return [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in zip(*(workload[c] for c in cols))]
+
+
+class Fleet:
+    """Replicas of one policy sharing an environment.
+
+    Args:
+        scenario: the validated scenario.
+        policy_name: a name in ``scenario.policies``.
+        num_replicas: >= 1.
+        seed_index: which of the scenario's generator streams (the policy's index in a single run).
+        on_finish: called with each finished or rejected request.
+
+    Raises:
+        CapacityError: if the model does not fit in HBM.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy_name: str,
+        num_replicas: int = 1,
+        seed_index: int = 0,
+        on_finish: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.env = simpy.Environment()
+        self.replicas: list[Replica] = []
+        self.recorders: list[Recorder] = []
+        run = scenario.run
+        for i in range(num_replicas):
+            rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
+            rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step)
+            policy = make_policy(scenario, policy_name)
+            self.replicas.append(Replica(self.env, scenario, policy, rng, rec, on_finish))
+            self.recorders.append(rec)
+
+    def run(self, driver: Generator[simpy.Event, object, None]) -> str:
+        """Start ``driver``, then run every replica's scheduler until all are done or the horizon.
+
+        Requests that arrived but neither finished nor were rejected are recorded as unfinished with the
+        returned reason: :data:`HORIZON` (the horizon cut them) or :data:`STUCK` (nothing could make progress).
+        """
+        env = self.env
+        env.process(driver)
+        mains = [env.process(r.run()) for r in self.replicas]
+        done = mains[0] if len(mains) == 1 else env.all_of(mains)
+        horizon = self.scenario.run.horizon_s
+        try:
+            env.run(until=done if horizon is None else env.any_of([done, env.timeout(horizon)]))
+            reason = HORIZON
+        except RuntimeError:  # SimPy: no events left before `until` — nothing can make progress any more
+            reason = STUCK
+        for replica, rec in zip(self.replicas, self.recorders):
+            _collect_unfinished(replica, rec, reason)
+        return reason
+
+    def end_s(self, requests: pd.DataFrame) -> float:
+        """When the run ended: the last finish, or the clock when a horizon cut it (or nothing finished)."""
+        end_s = float(requests["finish_s"].max()) if self.scenario.run.horizon_s is None else self.env.now
+        return self.env.now if np.isnan(end_s) else end_s
+
+
+def _collect_unfinished(replica: Replica, rec: Recorder, reason: str) -> None:
+    """Record the requests that arrived but neither finished nor were rejected, with ``reason``."""
+    if len(replica.batch):
+        replica.batch.remove_all()
+    recorded = {r.request_id for r in rec.requests}
+    for r in replica.submitted:
+        if r.request_id not in recorded:
+            r.unfinished_reason = reason
+            rec.requests.append(r)

@@ -1,0 +1,97 @@
+"""A request's serving state and the running decode batch as a struct of arrays.
+
+Token bookkeeping: ``ctx`` counts tokens whose KV is cached. A prefill of N tokens caches N and samples one
+token; a decode step caches the last sampled token (ctx + 1), attends ctx + 1 tokens and samples the next.
+A retracted request later re-prefills its prompt plus the tokens it had generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+NAN = math.nan
+HORIZON, STUCK = "horizon", "stuck"  # why a cut run left a request unfinished
+INCOMPLETE_REASONS = (HORIZON, STUCK)  # any other unfinished_reason is a rejection (the request can never run)
+
+
+@dataclass(slots=True)
+class Request:
+    """One request and its serving state (times in simulation seconds)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    generated: int = 0  # output tokens sampled so far
+    prefill_target: int = 0  # tokens the current (re)prefill must cache
+    prefilled: int = 0  # tokens of the current prefill already cached
+    offloaded: bool = False
+    device_blocks: int = 0  # device-pool blocks held
+    host_bytes: int = 0  # host DRAM held (offloaded KV)
+    first_token_s: float = NAN
+    finish_s: float = NAN
+    num_preemptions: int = 0
+    unfinished_reason: str = ""
+    holds_kv: bool = False  # admitted and holding device blocks / host bytes
+    done: simpy.Event | None = None  # set by a closed-loop driver; fires when the request is done
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output tokens: the most KV the request can ever hold."""
+        return self.prompt_tokens + self.output_tokens
+
+
+class DecodeBatch:
+    """The running decode batch as parallel arrays (struct of arrays) plus the Request objects.
+
+    Hot path: per-step work reads and writes the arrays; Request objects are synced from them only when
+    requests leave the batch (:meth:`remove`).
+    """
+
+    COLUMNS = ("ctx", "generated", "output", "blocks", "offloaded", "cold", "prompt")
+
+    def __init__(self) -> None:
+        self.reqs: list[Request] = []
+        self.ctx = np.zeros(0, dtype=np.int64)  # cached KV tokens
+        self.generated = np.zeros(0, dtype=np.int64)
+        self.output = np.zeros(0, dtype=np.int64)
+        self.blocks = np.zeros(0, dtype=np.int64)  # device blocks held
+        self.offloaded = np.zeros(0, dtype=bool)
+        self.cold = np.zeros(0, dtype=bool)  # recall buffer empty (first step after prefill)
+        self.prompt = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, reqs: list[Request]) -> None:
+        """Append requests that just finished prefill (their ``prefill_target`` tokens are cached)."""
+        if not reqs:
+            return
+        self.reqs.extend(reqs)
+        self.ctx = np.append(self.ctx, [r.prefill_target for r in reqs])
+        self.generated = np.append(self.generated, [r.generated for r in reqs])
+        self.output = np.append(self.output, [r.output_tokens for r in reqs])
+        self.blocks = np.append(self.blocks, [r.device_blocks for r in reqs])
+        self.offloaded = np.append(self.offloaded, [r.offloaded for r in reqs])
+        self.cold = np.append(self.cold, np.ones(len(reqs), dtype=bool))
+        self.prompt = np.append(self.prompt, [r.prompt_tokens for r in reqs])
+
+    def remove(self, mask: np.ndarray) -> list[Request]:
+        """Drop the requests where ``mask`` is True; sync and return them."""
+        gone = [self.reqs[i] for i in np.flatnonzero(mask)]
+        for i, r in zip(np.flatnonzero(mask), gone):
+            r.generated = int(self.generated[i])
+            r.device_blocks = int(self.blocks[i])
+        keep = ~mask
+        self.reqs = [r for r, k in zip(self.reqs, keep) if k]
+        for name in self.COLUMNS:
+            setattr(self, name, getattr(self, name)[keep])
+        return gone
+
+    def remove_all(self) -> list[Request]:
+        """Drop and return every request (the run was cut)."""
+        return self.remove(np.ones(len(self), dtype=bool))
