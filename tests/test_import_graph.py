@@ -68,13 +68,8 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         raw = _imports(ast.parse(path.read_text(), filename=str(path)), name, path.name == "__init__.py")
-        edges = set()
-        for target in raw:
-            if target in modules:
-                edges.add(target)
-            elif target.rpartition(".")[0] in modules and f"{target}" not in modules:
-                pass  # `from pkg import name`: the edge to `pkg` is in raw as well
-        graph[name] = edges - {name}
+        # `from pkg import name` gives both `pkg.name` and `pkg`; only project modules are nodes
+        graph[name] = {target for target in raw if target in modules} - {name}
     return graph
 
 
