@@ -1,7 +1,7 @@
 """``simulate(scenario) -> SimResult``: load the workload, run each policy on its own replica, tabulate.
 
 An open-loop workload is submitted at its recorded arrival times (``Replica.arrivals``); a session trace is
-replayed closed loop by ``sim.sessions.SessionDriver`` (requests issued as earlier ones finish), with session
+replayed closed loop by ``sim.serving.sessions.SessionDriver`` (requests issued as earlier ones finish), with session
 start times from a generator of their own, so every policy is offered the same sessions at the same times.
 
 Each policy gets a fresh SimPy environment and a generator seeded from ``(scenario.seed, policy index)``,

@@ -58,14 +58,14 @@ class ModelSpec(Spec):
         return self.num_experts > 0
 
     @property
-    def kv_bytes_per_token_layer(self) -> int:
+    def kv_bytes_per_token_per_layer(self) -> int:
         """K and V of one token in one layer: 2 × num_kv_heads × head_dim × dtype bytes."""
         return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes of one token over all layers (REFERENCE.md §4: 160 KiB for Qwen3-14B)."""
-        return self.kv_bytes_per_token_layer * self.num_layers
+        return self.kv_bytes_per_token_per_layer * self.num_layers
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -111,7 +111,7 @@ class ModelSpec(Spec):
 class HardwareSpec(Spec):
     """One GPU and its share of the host. Cards in ``scenarios/hardware/`` name their sources.
 
-    Datasheet cards carry ``measured: false``; a calibrated profile (a later issue) sets it true.
+    Datasheet cards carry ``measured: false``; a calibrated profile (``pulseinfer calibrate``) sets it true.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """Load a scenario YAML, resolve model and hardware card names, apply ``key=value`` overrides, validate.
 
-Flow: read YAML → dict → a named ``profile`` fills the sections the scenario leaves out (sim/profile.py)
+Flow: read YAML → dict → a named ``profile`` fills the sections the scenario leaves out (sim/config/profiles.py)
 → overrides (dotted keys; a card name met on the way is expanded to its card so
 ``hardware.h2d_bandwidth_gbps=25`` works on ``hardware: h200``) → remaining card names expanded →
 ``Scenario.model_validate``. Every failure is a :class:`ScenarioError` with one line naming the key, the

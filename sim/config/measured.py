@@ -65,7 +65,7 @@ class ComputeProfile(Spec):
 
         head_s(B) = (head_base_us + head_per_request_us · B) · 1e-6
 
-    The form is the decode roofline of sim/compute.py made linear: the base is reading the layer's
+    The form is the decode roofline of sim/step/compute.py made linear: the base is reading the layer's
     weights, the per-token term reading KV, the per-request term the activations. It holds for dense
     models; MoE expert reads (which grow with B non-linearly) are not covered. ``mape_pct`` is the mean
     absolute percentage error of the fit over its ``points`` measurements (calibrate/fit.py).
@@ -112,7 +112,8 @@ class SelectionProfile(Spec):
 
 
 class Profile(Spec):
-    """A calibrated profile (format and use: sim/profile.py). Sections left out fall back to cards and defaults."""
+    """A calibrated profile (format and use: sim/config/profiles.py); sections left out fall back to cards and
+    defaults."""
 
     name: str = "profile"
     source: str = "unspecified"

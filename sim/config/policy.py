@@ -56,8 +56,9 @@ class OffloadPolicy(DensePolicy):
     recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer (per head: headwise)
     offload_threshold_tokens: PositiveInt = 8192
     max_offloaded_requests: PositiveInt = 256
-    miss_rate: Annotated[float, Field(ge=0, le=1)] | None = None  # fixed miss rate instead of recall_stats
-    # Mechanism 3, interruptible layer-wise scheduling (sim/interrupt.py); "sequential" = one-layer
+    # Fixed fraction of the selection recalled each step, instead of drawing it from recall_stats.
+    miss_frac: Annotated[float, Field(ge=0, le=1)] | None = None
+    # Mechanism 3, interruptible layer-wise scheduling (sim/step/interrupt.py); "sequential" = one-layer
     # prefetch, whole-layer FIFO copies (the baseline).
     scheduling: Literal["sequential", "interruptible"] = "sequential"
     lookahead_layers: PositiveInt = 1  # recalls issued this many layers ahead
@@ -66,7 +67,7 @@ class OffloadPolicy(DensePolicy):
     late_correction_frac: Annotated[float, Field(ge=0, le=1)] = 0.05
     chunk_bytes: PositiveInt = 4 * 2**20  # pre-emption granularity of the link
     micro_batches: PositiveInt = 1  # batch split into groups interleaved layer by layer
-    # Mechanism 4, IO-adaptive offloading admission (sim/admission.py); "static" = memory only.
+    # Mechanism 4, IO-adaptive offloading admission (sim/serving/admission.py); "static" = memory only.
     admission: Literal["static", "io_adaptive"] = "static"
     admission_slack: Annotated[float, Field(ge=-0.75, le=2.0)] = 0.1  # initial: recall ≤ compute × (1 + slack)
     stall_target_frac: Annotated[float, Field(gt=0, lt=1)] = 0.05  # AIMD: shrink when a step stalls more

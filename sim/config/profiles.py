@@ -1,7 +1,7 @@
 """Calibrated profiles: what `pulseinfer calibrate` measured, in a form the simulator reads without torch.
 
 A profile is one YAML file (``profile.yaml`` in the calibration's output folder, or a shipped one in
-``scenarios/profiles/``), validated as :class:`sim.specs.Profile`. Every section is optional, so a profile
+``scenarios/profiles/``), validated as :class:`sim.config.Profile`. Every section is optional, so a profile
 can carry the hardware measurements, the selection statistics of a real model, or both::
 
     name: cpu-2core                   # free text
@@ -20,9 +20,9 @@ every section the scenario leaves out: ``hardware`` (so a profile replaces a dat
 (not null) as well as a profile with hardware is refused (one of the two would be ignored silently otherwise),
 unless the two are identical (a ``scenario.yaml`` written by a run). The simulator then takes link
 times and gather cost from the profile's hardware, per-layer compute and the LM head from
-``compute`` (sim/compute.py; a profile measured on a few layers of the scenario's model applies to the whole
+``compute`` (sim/step/compute.py; a profile measured on a few layers of the scenario's model applies to the whole
 model, since compute is per layer), selection cost from ``selection`` (sim/policies/offload.py) and the
-recall model's statistics from ``recall_stats`` (sim/recall.py).
+recall model's statistics from ``recall_stats`` (sim/step/recall.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class ColumnsSpec(Spec):
 
 
 class SessionsSpec(Spec):
-    """Closed-loop replay of a session trace (``sim/sessions.py``).
+    """Closed-loop replay of a session trace (``sim/serving/sessions.py``).
 
     Sessions start at seeded Poisson times (the first at 0 s, mean gap 1 / ``session_rate_per_s``), in the
     trace's session order; at most ``max_concurrent_sessions`` run at once (later starts wait for a free

@@ -22,7 +22,7 @@ MEMORY_IO = [
     ("policy", "policy", None, "{}"),
     ("mean_batch", "mean batch", 1.0, "{:.1f}"),
     ("peak_hbm_gib", "peak HBM GiB", 1.0, "{:.1f}"),
-    ("num_preemptions", "retracted", None, "{:d}"),
+    ("num_preemptions", "preempted", None, "{:d}"),
     ("recall_gb_per_step", "recall GB/step", 1.0, "{:.3f}"),
     ("fragments_per_step", "fragments/step", 1.0, "{:.0f}"),
     ("link_gbps_achieved", "link GB/s", 1.0, "{:.1f}"),

@@ -1,8 +1,8 @@
 """Serving policies: what is resident, what is recalled, and what a decode step costs.
 
 A scenario names policies (``policies: [sglang, headwise, pulseinfer]``); each resolves to knobs with a
-``kind`` (``scenarios/policies/*.yaml`` presets, see ``sim.loader.resolve_policies``). ``POLICY_KINDS``
-maps a kind to the class that serves it; the scheduler (``sim/scheduler.py``) is shared.
+``kind`` (``scenarios/policies/*.yaml`` presets, see ``sim.config.loader.resolve_policies``). ``POLICY_KINDS``
+maps a kind to the class that serves it; the scheduler (``sim/serving/replica.py``) is shared.
 """
 
 from __future__ import annotations

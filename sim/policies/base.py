@@ -49,4 +49,3 @@ class Policy:
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
         """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
         raise NotImplementedError
-

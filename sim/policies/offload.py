@@ -14,14 +14,14 @@ Offload writes (D2H): each step the new token's KV of every offloaded request is
 (eager backup, as SGLang HiSparse does, REFERENCE.md §5.4); its D2H time slows H2D by the hardware's
 ``d2h_coupling``.
 
-With a calibrated profile (sim/profile.py): its ``selection`` section charges measured selection time per
+With a calibrated profile (sim/config/profiles.py): its ``selection`` section charges measured selection time per
 layer (for the candidate blocks of the offloaded requests) instead of counting summaries as attended
 tokens; a hardware whose ``io_overlaps_compute`` is false (the CPU engine) adds each layer's gather and
 copy time to that layer's compute instead of overlapping them.
 
-Link cost of one layer's recall by I/O mode: ``per_fragment`` — one copy per fragment;
+Link cost of one layer's recall by ``io``: ``per_fragment`` — one copy per fragment;
 ``gather_scatter`` with sequential scheduling — host gather, then one copy; with interruptible
-scheduling — gather and copy stream in chunks (sim/link.py ``streamed_s``).
+scheduling — gather and copy stream in chunks (sim/step/link.py ``layer_times`` in ``streamed`` mode).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class OffloadServing(Policy):
         self.num_layers = scenario.model.num_layers
         self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
         self.interruptible = params.scheduling == "interruptible"
+        # How the link model charges a layer's recall: gather-scatter streams in chunks when interruptible.
+        self.link_io = "streamed" if params.io == "gather_scatter" and self.interruptible else params.io
         self.groups = params.micro_batches
         self.correction_frac = min(1.0, params.late_correction_frac * (params.lookahead_layers - 1))
         profile = scenario.profile
@@ -103,13 +105,8 @@ class OffloadServing(Policy):
         return np.where(offloaded, extra, dense)
 
     def layer_link_s(self, nbytes: float, fragments: float) -> tuple[float, float]:
-        """(host gather seconds, link seconds) of one layer's recall under this policy's I/O mode."""
-        mode = (
-            "per_fragment"
-            if self.params.io == "per_fragment"
-            else ("streamed" if self.interruptible else "gather_scatter")
-        )
-        gather, link = self.link.layer_times(np.array([nbytes]), np.array([fragments]), mode, self.params.chunk_bytes)
+        """(host gather seconds, link seconds) of one layer's recall under this policy's ``io``."""
+        gather, link = self.link.layer_times([nbytes], [fragments], self.link_io, self.params.chunk_bytes)
         return float(gather[0]), float(link[0])
 
     def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
@@ -175,14 +172,8 @@ class OffloadServing(Policy):
         return self.selection_cost.seconds(float(candidate_blocks)) if self.selection_cost is not None else 0.0
 
     def _link_times(self, rec) -> tuple[np.ndarray, np.ndarray]:
-        """(gather, link) seconds, float [G, L], under this policy's I/O mode."""
+        """(gather, link) seconds, float [G, L], under this policy's ``io``."""
         if rec.contiguous_s is not None and self.params.io == "per_fragment":
             link = np.where(rec.nbytes > 0, rec.contiguous_s[:, None], 0.0)
             return np.zeros_like(link), link
-        mode = (
-            "per_fragment"
-            if self.params.io == "per_fragment"
-            else ("streamed" if self.interruptible else "gather_scatter")
-        )
-        return self.link.layer_times(rec.nbytes, rec.fragments, mode, self.params.chunk_bytes)
-
+        return self.link.layer_times(rec.nbytes, rec.fragments, self.link_io, self.params.chunk_bytes)

@@ -3,13 +3,13 @@ plus DESIGN.md mechanism 4, IO-adaptive offloading admission, as we read it).
 
 The policy owns one admission object (``Policy.admission``); the replica asks it, at each scheduler
 iteration, to walk the waiting queue (:meth:`Admission.select`) and calls its hooks after each decode step
-and retraction. Two kinds:
+and preemption. Two kinds:
 
 * :class:`Admission` (``admission: static``, and every dense policy): FCFS; a request joins if its device
   blocks plus a reservation for the future tokens of every running request fit in the free pool
   (remaining output clipped at ``clip_max_new_tokens`` × ``new_token_ratio``; the ratio decays linearly
   from ``new_token_ratio_init`` to ``new_token_ratio_min`` over ``new_token_ratio_decay_steps`` decode steps
-  and is reset by a retraction, REFERENCE figures of SGLang's scheduler); an offloaded request also needs
+  and is reset by a preemption, as SGLang's scheduler does, docs/sources.md); an offloaded request also needs
   host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at the
   first request that must wait.
 * :class:`IoAdaptiveAdmission` (``admission: io_adaptive``): additionally (1) runs a long request dense while
@@ -66,8 +66,8 @@ class Admission:
         """After each decode step: decay ``new_token_ratio``; ``attended_tokens`` is what the step read per layer."""
         self.new_token_ratio = max(self.ratio_min, self.new_token_ratio - self.ratio_decay)
 
-    def on_retract(self) -> None:
-        """After a retraction (SGLang resets the ratio to be conservative again)."""
+    def on_preempt(self) -> None:
+        """After a preemption (SGLang resets the ratio to be conservative again)."""
         self.new_token_ratio = self.ratio_init
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:

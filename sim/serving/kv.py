@@ -1,7 +1,7 @@
 """KV capacity accounting: the device pool (HBM, in blocks) and host DRAM (bytes) of one replica.
 
 Only counts are kept here; which block holds what is the engine's business. Exhaustion is a return
-value (``allocate`` → False), never an exception: the scheduler decides whether to wait or retract.
+value (``allocate`` → False), never an exception: the scheduler decides whether to wait or preempt.
 
 Device pool size follows SGLang's rule (REFERENCE.md §5.1): HBM − reserve − weights, in blocks of
 ``block_size × kv_bytes_per_token`` bytes.
@@ -98,7 +98,7 @@ class KvState:
 
     def release(self, req) -> None:
         """Give back what ``req`` holds (idempotent: a request holding nothing is left alone)."""
-        if not req.holds_kv:  # e.g. a retracted request finishing in its remote re-prefill
+        if not req.holds_kv:  # e.g. a preempted request finishing in its remote re-prefill
             return
         self.device.release(req.device_blocks)
         req.device_blocks, req.holds_kv = 0, False

@@ -7,7 +7,7 @@ One iteration of :meth:`Replica.run`:
    request that does not fit, like SGLang's ``PrefillAdder``). Who may join is the policy's admission
    object's decision (sim/serving/admission.py: device blocks plus a future-token reservation; host DRAM
    for offloaded requests; IO-adaptive admission also bounds predicted recall).
-2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (retracting
+2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (preempting
    requests with the fewest generated tokens while the pool is short, SGLang ``retract_decode``), ask
    the policy what the step costs, time it (sim/step/timing.py ``run_step``), advance every request
    and finish those that are done.
@@ -16,7 +16,7 @@ One iteration of :meth:`Replica.run`:
 With ``serving.prefill: disaggregated`` step 1 changes: arrivals queue for a pool of remote prefill GPUs
 (``num_prefill_gpus``, FIFO); a request that finished prefill (its first token sampled there) waits for
 the decode GPU, and admission moves it straight into the decode batch with no forward on this GPU. A
-retracted request goes back through remote prefill. ``serving.prefill: none`` is the same path with
+preempted request goes back through remote prefill. ``serving.prefill: none`` is the same path with
 prefill costing no time (requests arrive with their KV cached; used to validate against the engine).
 
 Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) happen after each forward;
@@ -127,7 +127,7 @@ class Replica:
         self._wake()
 
     def _to_prefill(self, req: Request) -> None:
-        """Send a new or retracted request to prefill: free, remote, or this GPU's queue (at the back)."""
+        """Send a new or preempted request to prefill: free, remote, or this GPU's queue (at the back)."""
         if self.prefill_free:
             self._prefilled(req)
         elif self.disaggregated:
@@ -250,7 +250,7 @@ class Replica:
     def _decode_step(self) -> Generator[simpy.Event, object, None]:
         env, b, pol, rec = self.env, self.batch, self.policy, self.rec
         start = env.now
-        self._grow_or_retract()
+        self._grow_or_preempt()
         if not len(b):
             return
         ctx = b.ctx + 1
@@ -279,8 +279,8 @@ class Replica:
             for r in b.remove(finished):
                 self._finish(r)
 
-    def _grow_or_retract(self) -> None:
-        """Allocate the blocks the next token needs; retract requests while the pool is short."""
+    def _grow_or_preempt(self) -> None:
+        """Allocate the blocks the next token needs; preempt requests while the pool is short."""
         b, pol = self.batch, self.policy
         while len(b):
             new_blocks = pol.device_blocks(b.ctx + 1, b.offloaded)
@@ -288,7 +288,7 @@ class Replica:
             if self.kv.device.allocate(need):
                 b.blocks = new_blocks
                 return
-            # SGLang retract_decode: fewest generated tokens first, then the longest prompt.
+            # Preemption as SGLang retract_decode: fewest generated tokens first, then the longest prompt.
             victim = int(np.lexsort((-b.prompt, b.generated))[0])
             mask = np.zeros(len(b), dtype=bool)
             mask[victim] = True
@@ -299,7 +299,7 @@ class Replica:
                 self._to_prefill(req)
             else:
                 self.waiting.appendleft(req)  # re-prefilled first
-            self.admission.on_retract()
+            self.admission.on_preempt()
             self.rec.num_preemptions += 1
 
     # ---- bookkeeping -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Token bookkeeping: ``ctx`` counts tokens whose KV is cached. A prefill of N tokens caches N and samples one
 token; a decode step caches the last sampled token (ctx + 1), attends ctx + 1 tokens and samples the next.
-A retracted request later re-prefills its prompt plus the tokens it had generated.
+A preempted request later re-prefills its prompt plus the tokens it had generated.
 """
 
 from __future__ import annotations

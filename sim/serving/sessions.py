@@ -2,7 +2,7 @@
 
 Sessions have no shared clock, and a client issues its next request only once the previous answer is back, so
 a session's arrivals depend on how fast the server answers: a slower system sees later arrivals. The
-:class:`SessionDriver` process drives a :class:`~sim.scheduler.Replica` through ``submit`` / ``close``:
+:class:`SessionDriver` process drives a :class:`~sim.serving.replica.Replica` through ``submit`` / ``close``:
 
 1. Session s (in the table's session order) is offered at ``starts[s]``: seeded Poisson arrivals from
    :func:`session_starts` (the first at 0 s). With ``max_concurrent_sessions`` it then waits FIFO for a free

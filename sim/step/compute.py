@@ -2,7 +2,7 @@
 
 Decode, one layer, batch of B requests attending T tokens in total (sum over the batch)::
 
-    bytes  = W_layer + E_touched(B) · W_expert + T · kv_bytes_per_token_layer
+    bytes  = W_layer + E_touched(B) · W_expert + T · kv_bytes_per_token_per_layer
     flops  = 2 · B · P_active_layer + 4 · num_heads · head_dim · T
     time   = max(bytes / (hbm_bandwidth · hbm_efficiency), flops / (bf16_peak · prefill_mfu))
 
@@ -20,7 +20,7 @@ Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
 Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors.
 
-Calibrated: with a profile's ``compute`` section (sim/specs.py ``ComputeProfile``, fitted by
+Calibrated: with a profile's ``compute`` section (sim/config/measured.py ``ComputeProfile``, fitted by
 calibrate/fit.py from the engine's own decode steps) the decode layer and the LM head take the measured
 linear forms instead, and the per-step overhead is part of the measured head time. Prefill keeps the
 roofline (the engine's decode is what is calibrated).
@@ -45,7 +45,7 @@ class ComputeModel:
         self.num_layers = model.num_layers
         self.bandwidth_bps = hardware.hbm_bandwidth_gbps * 1e9 * hardware.hbm_efficiency
         self.flops_per_s = hardware.bf16_tflops * 1e12 * hardware.prefill_mfu
-        self.kv_bytes_per_token_layer = model.kv_bytes_per_token_layer
+        self.kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer
         self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
         self.num_experts = model.num_experts
         self.num_active_experts = model.num_active_experts
@@ -87,7 +87,7 @@ class ComputeModel:
         nbytes = (
             self.shared_weight_bytes_layer
             + self.experts_touched(batch_size) * self.expert_bytes
-            + attended_tokens * self.kv_bytes_per_token_layer
+            + attended_tokens * self.kv_bytes_per_token_per_layer
         )
         flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * attended_tokens
         return max(nbytes / self.bandwidth_bps, flops / self.flops_per_s)

@@ -11,15 +11,15 @@ The step is a sequence of GPU work items (layer l of micro-batch g, in the order
 The H2D link serves one job at a time in chunks of ``chunk_bytes``. Jobs are ranked (urgent first, then
 the earliest item); a job released with a better rank than the one in service takes the link at the
 next chunk boundary of the job in service (pre-emption), which resumes later. Without pre-emption
-(``run_closed_form`` in sim/pipeline.py) a whole layer's copy runs to completion, FIFO. When a job is
+(``run_closed_form`` in sim/step/pipeline.py) a whole layer's copy runs to completion, FIFO. When a job is
 released at the very instant the link picks its next job, the link has already picked (FIFO at ties);
 the new job then takes over at the first chunk boundary.
 
-Model assumptions (documented in sim/specs.py ``OffloadPolicy``): the selection for a layer d layers
+Model assumptions (documented in sim/config/policy.py ``OffloadPolicy``): the selection for a layer d layers
 ahead is known when the current layer starts, and a fraction ``late_correction_frac × (d − 1)`` (capped at
 1) of its blocks is wrong and must be fetched as the urgent correction; with d = 1 the speculative
 selection is exact, as in the sequential pipeline. A gather-scatter job streams: the host gathers chunk
-j+1 while the link copies chunk j (sim/link.py ``streamed_s``).
+j+1 while the link copies chunk j (sim/step/link.py ``layer_times`` in ``streamed`` mode).
 
 Hot path: three timers (GPU end, link done, pre-emption check) instead of an event heap; jobs are
 released inline when the GPU starts or ends an item; the ready queue is a small heap. Intervals are

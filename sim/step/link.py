@@ -68,25 +68,25 @@ class LinkModel:
         return float(self.layer_times([nbytes], [num_fragments], "gather_scatter")[0][0])
 
     def layer_times(
-        self, nbytes: np.ndarray, fragments: np.ndarray, mode: str, chunk_bytes: float = 0.0
+        self, nbytes: np.ndarray, fragments: np.ndarray, io: str, chunk_bytes: float = 0.0
     ) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised (gather seconds, link seconds) for arrays of per-layer recalls (float arrays, same shape).
 
-        ``mode``: ``per_fragment`` (equal fragments, one copy each), ``gather_scatter`` (gather, then one
+        ``io``: ``per_fragment`` (equal fragments, one copy each), ``gather_scatter`` (gather, then one
         copy) or ``streamed`` (gather and copy pipelined in chunks of ``chunk_bytes``).
         """
         nbytes = np.asarray(nbytes, dtype=float)
         fragments = np.asarray(fragments, dtype=float)
         some = nbytes > 0
         zero = np.zeros_like(nbytes)
-        if mode == "per_fragment":
+        if io == "per_fragment":
             size = np.where(some, nbytes / np.maximum(fragments, 1), 1.0)
             return zero, np.where(some, fragments * self._one_copy(size), 0.0)
         gather = np.where(
             some, (fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads, 0
         )
         copy = self.copies_s(nbytes)
-        if mode == "gather_scatter":
+        if io == "gather_scatter":
             return gather, copy
         t0 = 0.0 if self.log_sizes is not None else self.t0_s
         body = np.maximum(copy - t0, 0.0)

@@ -16,13 +16,13 @@ among few blocks, so W is far smaller than the bound). A
 returning block left the selection j steps ago (j uniform in 1..w); it is still buffered when
 k + j·m_l·k ≤ B, hence h. A recall buffer of B = ``recall_buffer_blocks`` ≥ W serves every returning block
 from HBM. ``tests/sim/test_recall_reference.py`` checks h against an explicit LRU buffer that tracks
-block ids. The first step after (re)admission is cold: q = 1. A fixed ``miss_rate`` in the policy
+block ids. The first step after (re)admission is cold: q = 1. A fixed ``miss_frac`` in the policy
 replaces c · (1 − ρ h) (for tests and what-ifs).
 
 Selection modes:
 
 * ``solohead`` — one set per (r, l); a fragment is one block with every KV head
-  (block_size × kv_bytes_per_token_layer bytes).
+  (block_size × kv_bytes_per_token_per_layer bytes).
 * ``headwise`` — each of the H KV heads selects k blocks of its own; heads share the (r, l, t) change
   draw (Model assumption), so H·k·q head-blocks move, each its own fragment of
   block_size × head_dim × 2 × dtype bytes. The bytes equal SoloHead's at the same q; the fragments are
@@ -72,7 +72,7 @@ class RecallModel:
 
     Args:
         model: model card (KV bytes per token and layer, KV heads).
-        policy: the offload policy (block size, budget, window, buffer, selection, io, miss_rate).
+        policy: the offload policy (block size, budget, window, buffer, selection, io, miss_frac).
         stats: step-to-step selection statistics (per-layer change distribution, reuse).
         link: link and host-gather cost model.
     """
@@ -84,8 +84,8 @@ class RecallModel:
         self.budget_blocks = policy.budget_tokens // policy.block_size
         self.buffer_blocks = policy.recall_buffer_blocks
         self.window_tokens = policy.sink_tokens + policy.recent_tokens
-        self.miss_rate = policy.miss_rate
-        self.block_bytes_layer = policy.block_size * model.kv_bytes_per_token_layer
+        self.fixed_miss_frac = policy.miss_frac
+        self.block_bytes_layer = policy.block_size * model.kv_bytes_per_token_per_layer
         self.heads = model.num_kv_heads if policy.selection == "headwise" else 1
         self.fragment_bytes = self.block_bytes_layer // self.heads
         depth = np.linspace(0.0, 1.0, L) if L > 1 else np.zeros(1)
@@ -108,11 +108,11 @@ class RecallModel:
         n = self.offloaded_blocks(ctx)
         return n if self.selection == "all" else np.minimum(n, self.budget_blocks)
 
-    def miss_fraction(self, selected: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def miss_frac(self, selected: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Fraction of each request's selection to recall, per layer: float [n, num_layers]."""
         n = len(selected)
-        if self.miss_rate is not None:
-            q = np.full((n, self.num_layers), self.miss_rate)
+        if self.fixed_miss_frac is not None:
+            q = np.full((n, self.num_layers), self.fixed_miss_frac)
         else:
             u = rng.random((n, self.num_layers))
             change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
@@ -149,7 +149,7 @@ class RecallModel:
             copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request
             contiguous = np.bincount(gid, weights=copy_s, minlength=G)
             return LayerRecall(nbytes, frags, contiguous)
-        q = self.miss_fraction(selected, cold, rng)
+        q = self.miss_frac(selected, cold, rng)
         missing = np.floor((selected * self.heads)[:, None] * q + rng.random(q.shape)).astype(np.int64)
         if G == 1:
             frags = missing.sum(axis=0)[None, :]
@@ -163,7 +163,7 @@ class RecallModel:
         k = self.budget_blocks * self.heads
         if cold or self.selection == "all":
             return float(k)
-        if self.miss_rate is not None:
-            return k * self.miss_rate
+        if self.fixed_miss_frac is not None:
+            return k * self.fixed_miss_frac
         hit = np.clip((self.buffer_blocks - self.budget_blocks) / (self.budget_blocks * self.working_growth), 0, 1)
         return float(k * np.mean(self.change_mean * (1.0 - self.returning * hit)))

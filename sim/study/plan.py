@@ -10,8 +10,8 @@ Per (hardware, policy) cell:
    ``hi / lo - 1 <= rel_tol``. The answer is the highest rate *simulated* and found feasible; 0.0 when
    even ``start / 2**max_steps`` misses the SLO (checked first when ``start`` misses it, so a hopeless
    cell costs two simulations). Model assumption: feasibility falls with rate
-   (bisection needs it; a simulator with retraction can be non-monotone near the knee).
-2. **Replicas for a target rate** (if given). Simulate N replicas behind each router (``sim/cluster.py``)
+   (bisection needs it; a simulator with preemption can be non-monotone near the knee).
+2. **Replicas for a target rate** (if given). Simulate N replicas behind each router (``sim/serving/cluster.py``)
    on ``max_requests × N`` requests (so every replica sees about as many requests as in step 1) at the
    target rate. N starts at ``ceil(target / max_rate)`` (the next router starts at the previous one's
    answer), gallops down (or up) by 1, 2, 4 … until a count that meets and one that misses the SLO

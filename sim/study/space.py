@@ -14,7 +14,7 @@ A range is an int range when ``low``, ``high`` (and ``step``) are all integers, 
 scenario; a ``policy.<name>.*`` key must name the searched policy.
 
 :func:`check_space` validates every key against the scenario by applying each bound (or choice) on its
-own through :func:`sim.loader.load_scenario`, so an unknown key or an out-of-range bound is an error
+own through :func:`sim.config.loader.load_scenario`, so an unknown key or an out-of-range bound is an error
 before any trial runs. Bounds that are valid alone can still clash in combination (e.g. ``budget_tokens``
 above ``recall_buffer_blocks × block_size``); such trials fail and are recorded, not fatal.
 """

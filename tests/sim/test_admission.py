@@ -1,4 +1,4 @@
-"""IO-adaptive offloading admission (sim/admission.py and the scheduler's use of it)."""
+"""IO-adaptive offloading admission (sim/serving/admission.py and the scheduler's use of it)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_decode_layer_at_batch_1_reads_the_layer_weights_once(dense, h200):
 def test_decode_layer_grows_linearly_in_attended_tokens_once_kv_dominates(dense, h200):
     m = _model("qwen3-14b")
     t = [dense.decode_layer_s(16, n) for n in (1_000_000, 2_000_000, 3_000_000)]
-    slope = m.kv_bytes_per_token_layer / _bandwidth(h200)
+    slope = m.kv_bytes_per_token_per_layer / _bandwidth(h200)
     assert t[1] - t[0] == pytest.approx(1_000_000 * slope, rel=1e-9)
     assert t[2] - t[1] == pytest.approx(1_000_000 * slope, rel=1e-9)
 

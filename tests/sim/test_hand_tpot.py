@@ -1,5 +1,5 @@
 """A one-request scenario whose TTFT and TPOT are computed by hand from the documented formulas
-(sim/compute.py, sim/recall.py, sim/pipeline.py docstrings), independently of the simulator's code."""
+(sim/step/compute.py, sim/step/recall.py, sim/step/pipeline.py docstrings), independently of the simulator's code."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
         PROMPT,
         OUTPUT,
         "policies=pulseinfer",
-        "policy.pulseinfer.miss_rate=1.0",
+        "policy.pulseinfer.miss_frac=1.0",
         f"policy.pulseinfer.io={io}",
         "policy.pulseinfer.scheduling=sequential",  # the one-layer look-ahead pipeline, by hand
         "policy.pulseinfer.admission=static",
@@ -76,12 +76,12 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
         c = layer_s(attended)
         selected = min(p.budget_tokens // p.block_size, (ctx - p.sink_tokens - p.recent_tokens) // p.block_size)
         nbytes = selected * p.block_size * kv_layer  # SoloHead: one fragment per block, every head
-        if io == "gather_scatter":  # host gather of every fragment, then one copy (sim/link.py)
+        if io == "gather_scatter":  # host gather of every fragment, then one copy (sim/step/link.py)
             gather = selected * hw.host_gather_fragment_us * 1e-6 + nbytes / (hw.host_gather_gbps_per_thread * 1e9)
             r = gather / hw.host_gather_threads + t0 + nbytes / (h2d_gbps * 1e9)
         else:  # one copy per block
             r = selected * t0 + nbytes / (h2d_gbps * 1e9)
-        # one-layer look-ahead: recall l+1 overlaps compute l (sim/pipeline.py)
+        # one-layer look-ahead: recall l+1 overlaps compute l (sim/step/pipeline.py)
         body = r + L * c if r <= c else L * r + c
         steps.append(overhead + body + head_s)
     row = _run(scn)["pulseinfer"]
@@ -92,7 +92,7 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
 
 def test_link_bound_regime_is_really_link_bound(one_request_scenario):
     """Guards the parametrisation above: at 5 GB/s a layer's recall outlasts its compute."""
-    full = ("policies=pulseinfer", "policy.pulseinfer.miss_rate=1.0", "policy.pulseinfer.admission=static")
+    full = ("policies=pulseinfer", "policy.pulseinfer.miss_frac=1.0", "policy.pulseinfer.admission=static")
     fast = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=55"))
     slow = _run(one_request_scenario(PROMPT, OUTPUT, *full, "hardware.h2d_bandwidth_gbps=5"))
     assert slow["pulseinfer"].tpot_s > 2 * fast["pulseinfer"].tpot_s

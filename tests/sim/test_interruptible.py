@@ -1,4 +1,4 @@
-"""Interruptible layer-wise scheduling (sim/interrupt.py): an exact timeline, and agreement with the
+"""Interruptible layer-wise scheduling (sim/step/interrupt.py): an exact timeline, and agreement with the
 sequential pipeline when nothing can be pre-empted."""
 
 from __future__ import annotations

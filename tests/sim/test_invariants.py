@@ -57,13 +57,13 @@ def test_finished_requests_generated_all_tokens(result):
 
 
 def test_decode_tokens_match_requests(result):
-    """Every output token after the first comes from exactly one decode step (no retraction loses any)."""
+    """Every output token after the first comes from exactly one decode step (no preemption loses any)."""
     for name, r in result.policies.items():
         decode_batch_tokens = int(r.steps.loc[r.steps["phase"] == "decode", "batch_size"].sum())
         expected = int((r.requests["generated_tokens"] - 1).clip(lower=0).sum())
         if r.summary["num_preemptions"] == 0:
             assert decode_batch_tokens == expected, name
-        else:  # retracted requests re-prefill and sample one token there, not in a decode step
+        else:  # preempted requests re-prefill and sample one token there, not in a decode step
             assert decode_batch_tokens <= expected, name
 
 

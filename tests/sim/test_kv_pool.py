@@ -1,4 +1,4 @@
-"""sim.kv: the counted Pool and the device-pool size (SGLang's HBM − reserve − weights rule)."""
+"""sim.serving.kv: the counted Pool and the device-pool size (SGLang's HBM − reserve − weights rule)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Link and host-gather formulas (sim/link.py) on hand-sized cases, and the default card's rates."""
+"""Link and host-gather formulas (sim/step/link.py) on hand-sized cases, and the default card's rates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""sim.loader: ``--set`` override parsing, card expansion under dotted keys, and one-line error messages."""
+"""sim.config.loader: ``--set`` override parsing, card expansion under dotted keys, and one-line error messages."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def test_dotted_override_into_a_model_card_keeps_the_other_fields():
 
 def test_validation_error_names_the_dotted_location_and_the_value():
     with pytest.raises(ScenarioError) as exc:
-        load_scenario(None, ["policy.pulseinfer.miss_rate=1.5"])
+        load_scenario(None, ["policy.pulseinfer.miss_frac=1.5"])
     message = str(exc.value)
-    assert "policy.pulseinfer.miss_rate" in message
+    assert "policy.pulseinfer.miss_frac" in message
     assert "1.5" in message
     assert "\n" not in message
 

@@ -56,7 +56,7 @@ def test_whole_simulation_same_with_events_layer_model(one_request_scenario):
         "workload.synthetic.rate_per_s=4",
         "workload.synthetic.prompt_tokens_cv=1.0",
         "workload.synthetic.output_tokens_cv=0.5",
-        "policy.pulseinfer.scheduling=sequential",  # interruptible steps always use sim/interrupt.py
+        "policy.pulseinfer.scheduling=sequential",  # interruptible steps always use sim/step/interrupt.py
         "policy.pulseinfer.admission=static",
     )
     closed = simulate(one_request_scenario(12000, 40, *overrides))

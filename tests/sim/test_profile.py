@@ -172,7 +172,7 @@ def test_recall_bytes_follow_profile_miss_fractions(tmp_path, level):
     depth = np.linspace(0, 1, scenario.model.num_layers)
     expected = level + (level / 2 - level) * depth
     assert np.allclose(per_layer, expected, rtol=0.06)
-    bytes_per_block = pol.block_size * scenario.model.kv_bytes_per_token_layer
+    bytes_per_block = pol.block_size * scenario.model.kv_bytes_per_token_per_layer
     assert rec.nbytes.sum() == pytest.approx(n * selected * expected.sum() * bytes_per_block, rel=0.02)
 
 
@@ -223,12 +223,12 @@ def test_measured_working_set_ratio_sets_the_buffer_hit(tmp_path):
     scenario = _scenario(tmp_path, _profile(tmp_path, recall_stats=stats))
     pol = scenario.policy["pulseinfer"].model_copy(update={"recall_buffer_blocks": 2 * 128, "budget_tokens": 2048})
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
-    q = recall.miss_fraction(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q = recall.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q.mean() == pytest.approx(0.2 * (1 - 0.8), rel=0.03)
     assumed = RecallModel(
         scenario.model, pol, scenario.recall_stats.model_copy(update={"working_set_ratio": None}), recall.link
     )
-    q_assumed = assumed.miss_fraction(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q_assumed = assumed.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q_assumed.mean() > q.mean() * 1.3  # the assumed W = k (1 + 12 · 0.2) = 3.4 k overflows a 2k buffer
 
 

@@ -1,4 +1,4 @@
-"""The recall model (sim/recall.py): budgets, windows, fragments, per-layer variation, draws."""
+"""The recall model (sim/step/recall.py): budgets, windows, fragments, per-layer variation, draws."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_recall_never_exceeds_the_budget(selection):
     heads = MODEL.num_kv_heads if selection == "headwise" else 1
     selected = rec.selected_blocks(ctx)
     assert (selected <= 2048 // 16).all()
-    q = rec.miss_fraction(selected, cold, rng)
+    q = rec.miss_frac(selected, cold, rng)
     assert ((0 <= q) & (q <= 1)).all()
     step = rec.step(ctx, cold, rng)
     assert (step.fragments <= int(selected.sum()) * heads).all()
@@ -42,7 +42,7 @@ def test_no_recall_when_context_fits_in_sink_and_window():
 
 
 def test_cold_request_recalls_its_whole_selection():
-    rec = _model(miss_rate=None)
+    rec = _model(miss_frac=None)
     step = rec.step(np.array([50_000]), np.array([True]), np.random.default_rng(0))
     assert (step.fragments == 2048 // 32).all()
 
@@ -84,7 +84,7 @@ def test_change_draws_follow_the_per_layer_means():
     stats = RecallStatsSpec()
     rec = RecallModel(MODEL, OffloadPolicy(recall_buffer_blocks=64, budget_tokens=2048), stats, LINK)
     # buffer == selection: no returning block can hit, so the miss fraction is the change fraction
-    q = rec.miss_fraction(np.full(4000, 64), np.zeros(4000, dtype=bool), np.random.default_rng(1))
+    q = rec.miss_frac(np.full(4000, 64), np.zeros(4000, dtype=bool), np.random.default_rng(1))
     assert q.mean(axis=0) == pytest.approx(rec.change_mean, abs=0.01)
     assert q[:, 0].mean() > q[:, -1].mean() + 0.1  # early layers change more (default depth profile)
 

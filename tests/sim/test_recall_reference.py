@@ -1,5 +1,5 @@
 """An explicit LRU recall buffer that tracks block ids: conserves blocks, and its long-run miss fraction
-matches the closed-form buffer-hit model of sim/recall.py (which the simulator uses for speed)."""
+matches the closed-form buffer-hit model of sim/step/recall.py (which the simulator uses for speed)."""
 
 from __future__ import annotations
 

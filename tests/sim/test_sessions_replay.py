@@ -1,4 +1,4 @@
-"""Closed-loop session replay (sim/sessions.py): issue times follow finishes plus think times, session starts
+"""Closed-loop session replay (sim/serving/sessions.py): issue times follow finishes plus think times, session starts
 follow the seeded arrival process, the concurrency cap holds, and open-loop keys are refused for sessions."""
 
 from __future__ import annotations
