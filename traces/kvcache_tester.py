@@ -60,27 +60,8 @@ def read_kvcache_tester(path: str | Path) -> pd.DataFrame:
             location named); no requests at all.
     """
     root = Path(path)
-    if root.is_dir():
-        files = sorted(p for p in root.glob(SESSION_GLOB) if p.is_file())
-        if not files:
-            raise TraceError(f"{root}: no {SESSION_GLOB} session files in this folder")
-    else:
-        files = [root]
-    rows: list[tuple] = []  # (session_id, t, in, out, think, hash_ids, agent_id) in session, then time order
-    seen: dict[str, Path] = {}
-    num_resorted = num_subagent = 0
-    for file in files:
-        session_id, flat = _read_session(file)
-        if session_id in seen:
-            raise TraceError(f"{file}: session id {session_id!r} repeats that of {seen[session_id]}")
-        seen[session_id] = file
-        times = np.asarray([r[0] for r in flat], dtype=np.float64)
-        order = np.argsort(times, kind="stable")
-        num_resorted += count_resorted(times)
-        for turn, i in enumerate(order):
-            t, n_in, n_out, think, ids, agent = flat[i]
-            rows.append((session_id, t, n_in, n_out, think, ids, agent, turn))
-            num_subagent += agent != ""
+    files = _session_files(root)
+    rows, num_resorted = _session_rows(files)
     if not rows:
         raise TraceError(f"{root}: no requests in {len(files)} session file(s)")
     extra = {
@@ -94,12 +75,44 @@ def read_kvcache_tester(path: str | Path) -> pd.DataFrame:
         "format": "kvcache_tester",
         "clock": "per_session",
         "num_sessions": len(files),
-        "num_subagent_requests": num_subagent,
+        "num_subagent_requests": sum(r[6] != "" for r in rows),
         "num_resorted": num_resorted,
     }
     arrival = np.asarray([r[1] for r in rows], dtype=np.float64)
     # Per-session clocks: no global sort, which would interleave sessions.
     return build_table(arrival, [r[2] for r in rows], [r[3] for r in rows], [r[5] for r in rows], extra, attrs, False)
+
+
+def _session_files(root: Path) -> list[Path]:
+    """Every `*.json` file directly in folder `root`, in name order, or [root] for a file; TraceError if none."""
+    if not root.is_dir():
+        return [root]
+    files = sorted(p for p in root.glob(SESSION_GLOB) if p.is_file())
+    if not files:
+        raise TraceError(f"{root}: no {SESSION_GLOB} session files in this folder")
+    return files
+
+
+def _session_rows(files: list[Path]) -> tuple[list[tuple], int]:
+    """(rows as (session_id, t, in, out, think, hash_ids, agent_id, turn) in file, then time order, num_resorted).
+
+    Raises:
+        TraceError: a bad session file, or two files with the same session id.
+    """
+    rows: list[tuple] = []
+    seen: dict[str, Path] = {}
+    num_resorted = 0
+    for file in files:
+        session_id, flat = _read_session(file)
+        if session_id in seen:
+            raise TraceError(f"{file}: session id {session_id!r} repeats that of {seen[session_id]}")
+        seen[session_id] = file
+        times = np.asarray([r[0] for r in flat], dtype=np.float64)
+        num_resorted += count_resorted(times)
+        for turn, i in enumerate(np.argsort(times, kind="stable")):
+            t, n_in, n_out, think, ids, agent = flat[i]
+            rows.append((session_id, t, n_in, n_out, think, ids, agent, turn))
+    return rows, num_resorted
 
 
 def _read_session(file: Path) -> tuple[str, list[tuple]]:

@@ -20,6 +20,8 @@ one clock: every row carries its `week` (1, 2, ...), and a file with several wee
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,34 +57,53 @@ def read_ragpulse(path: str | Path, week: int | None = None) -> pd.DataFrame:
     """
     source = str(path)
     lines = read_bytes(path).splitlines()
-    arrival: list[float] = []
-    prompt: list[int] = []
-    output: list[int] = []
-    weeks: list[int] = []
-    sessions: list[str] = []
-    rag_ids: list[dict[str, list[int]]] = []
-    week_first_lines: list[int] = []
-    num_blank_lines = 0
+    rows = _parse_rows(lines, source)
+    if not rows.arrival:
+        raise TraceError(f"{source}: no requests ({len(lines)} lines, all blank); expected one JSON object per line")
+    week = _choose_week(week, rows.week_first_lines, source)
+    return _week_table(rows, week, source)
+
+
+@dataclass(slots=True)
+class _Rows:
+    """The fields of every non-blank line, in file order, and the week each line belongs to."""
+
+    arrival: list[float] = dataclasses.field(default_factory=list)  # s, on its week's clock
+    prompt: list[int] = dataclasses.field(default_factory=list)  # tokens
+    output: list[int] = dataclasses.field(default_factory=list)  # tokens
+    weeks: list[int] = dataclasses.field(default_factory=list)  # 1-based week of each row
+    sessions: list[str] = dataclasses.field(default_factory=list)
+    rag_ids: list[dict[str, list[int]]] = dataclasses.field(default_factory=list)
+    week_first_lines: list[int] = dataclasses.field(default_factory=list)  # 1-based line where each week starts
+    num_blank_lines: int = 0
+
+
+def _parse_rows(lines: list[bytes], source: str) -> _Rows:
+    """Check and collect every line; a timestamp more than `WEEK_RESET_S` below the running maximum starts a week."""
+    rows = _Rows()
     running_max = -np.inf
     for line_no, raw in enumerate(lines, start=1):
         if not raw.strip():
-            num_blank_lines += 1
+            rows.num_blank_lines += 1
             continue
         obj = parse_json_object(raw, source, line_no)
         where = f"{source} line {line_no}"
         timestamp = seconds(field(obj, "timestamp", where), "timestamp", where)
-        if not week_first_lines or timestamp < running_max - WEEK_RESET_S:
-            week_first_lines.append(line_no)
+        if not rows.week_first_lines or timestamp < running_max - WEEK_RESET_S:
+            rows.week_first_lines.append(line_no)
             running_max = timestamp
         running_max = max(running_max, timestamp)
-        arrival.append(timestamp)
-        prompt.append(count(field(obj, "input_length", where), "input_length", 1, where))
-        output.append(count(field(obj, "output_length", where), "output_length", 0, where))
-        weeks.append(len(week_first_lines))
-        sessions.append(_session_id(obj.get("session_id", ""), where))
-        rag_ids.append(_rag_hash_ids(obj.get("hash_ids", {}), where))
-    if not arrival:
-        raise TraceError(f"{source}: no requests ({len(lines)} lines, all blank); expected one JSON object per line")
+        rows.arrival.append(timestamp)
+        rows.prompt.append(count(field(obj, "input_length", where), "input_length", 1, where))
+        rows.output.append(count(field(obj, "output_length", where), "output_length", 0, where))
+        rows.weeks.append(len(rows.week_first_lines))
+        rows.sessions.append(_session_id(obj.get("session_id", ""), where))
+        rows.rag_ids.append(_rag_hash_ids(obj.get("hash_ids", {}), where))
+    return rows
+
+
+def _choose_week(week: int | None, week_first_lines: list[int], source: str) -> int:
+    """The 1-based week to return: `week` checked against the file's weeks; None only for a one-week file."""
     num_weeks = len(week_first_lines)
     if week is None:
         if num_weeks > 1:
@@ -95,23 +116,32 @@ def read_ragpulse(path: str | Path, week: int | None = None) -> pd.DataFrame:
         week = 1
     if isinstance(week, bool) or not isinstance(week, int) or not 1 <= week <= num_weeks:
         raise TraceError(f"{source}: week must be an integer in [1, {num_weeks}] (weeks in the file), got {week!r}")
-    keep = np.asarray(weeks) == week
-    pick = np.flatnonzero(keep)
+    return week
+
+
+def _week_table(rows: _Rows, week: int, source: str) -> pd.DataFrame:
+    """The request table of one week's rows, with the extra columns and `attrs` of `read_ragpulse`."""
+    pick = np.flatnonzero(np.asarray(rows.weeks) == week)
     extra: dict[str, Any] = {
         "week": np.full(len(pick), week, dtype=np.int64),
-        "session_id": pd.Series([sessions[i] for i in pick], dtype=object),
-        "rag_hash_ids": pd.Series([rag_ids[i] for i in pick], dtype=object),
+        "session_id": pd.Series([rows.sessions[i] for i in pick], dtype=object),
+        "rag_hash_ids": pd.Series([rows.rag_ids[i] for i in pick], dtype=object),
     }
     attrs = {
         "source": source,
         "format": "ragpulse",
         "week": week,
-        "num_weeks": num_weeks,
-        "week_first_lines": week_first_lines,
-        "num_blank_lines": num_blank_lines,
+        "num_weeks": len(rows.week_first_lines),
+        "week_first_lines": rows.week_first_lines,
+        "num_blank_lines": rows.num_blank_lines,
     }
     return build_table(
-        np.asarray(arrival)[pick], [prompt[i] for i in pick], [output[i] for i in pick], None, extra, attrs
+        np.asarray(rows.arrival)[pick],
+        [rows.prompt[i] for i in pick],
+        [rows.output[i] for i in pick],
+        None,
+        extra,
+        attrs,
     )
 
 

@@ -109,21 +109,36 @@ def load_trace(
             `columns`; `week` with a format other than ragpulse; "auto" cannot tell the format; the trace cannot
             be resolved; or the reader rejects the file.
     """
+    mapping = _check_format_options(fmt, columns)
+    path = resolve_trace(name_or_path)
+    if fmt == "auto":
+        fmt = _auto_format(name_or_path, path, mapping)
+    if week is not None and fmt != "ragpulse":
+        raise TraceError(f"week applies to RAGPulse traces (format ragpulse), not to format {fmt!r}")
+    return _read_trace(path, fmt, mapping, week)
+
+
+def _check_format_options(fmt: str, columns: ColumnMap | Mapping[str, Any] | None) -> ColumnMap | None:
+    """The column mapping as a `ColumnMap` (or None), after checking `fmt` and that the two go together."""
     if fmt != "auto" and fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; known: {', '.join(['auto', *FORMATS])}")
     mapping = _column_map(columns)
     if mapping is not None and fmt not in ("auto", *GENERIC_FORMATS):
         raise TraceError(f"a column mapping applies to the generic formats csv and jsonl, not to format {fmt!r}")
-    path = resolve_trace(name_or_path)
-    if fmt == "auto":
-        if mapping is not None:
-            fmt = _generic_format(path)
-        elif name_or_path in SHIPPED_FORMATS:
-            fmt = SHIPPED_FORMATS[name_or_path]
-        else:
-            fmt = detect_format(path)
-    if week is not None and fmt != "ragpulse":
-        raise TraceError(f"week applies to RAGPulse traces (format ragpulse), not to format {fmt!r}")
+    return mapping
+
+
+def _auto_format(name_or_path: str, path: Path, mapping: ColumnMap | None) -> str:
+    """The format "auto" stands for: generic by extension with a mapping, else the shipped entry's, else detected."""
+    if mapping is not None:
+        return _generic_format(path)
+    if name_or_path in SHIPPED_FORMATS:
+        return SHIPPED_FORMATS[name_or_path]
+    return detect_format(path)
+
+
+def _read_trace(path: Path, fmt: str, mapping: ColumnMap | None, week: int | None) -> pd.DataFrame:
+    """Run the reader of `fmt` (not "auto") on `path`; `attrs["format"]` set where the reader does not set it."""
     if fmt in GENERIC_FORMATS:
         if mapping is None:
             raise TraceError(

@@ -62,12 +62,39 @@ def shape_requests(
     """
     require_request_columns(df)
     _check_options(start_s, end_s, max_requests, time_scale, target_rate_per_s, min_prompt_tokens, max_prompt_tokens)
+    out = _window(df, _sorted_arrivals(df), start_s, end_s)
+    num_after_window = len(out)
+    out = _filter_prompt_tokens(out, min_prompt_tokens, max_prompt_tokens)
+    num_after_filter = len(out)
+    if max_requests is not None:
+        out = out.iloc[:max_requests]
+    kept_s = out["arrival_s"].to_numpy(dtype=np.float64)
+    scale = time_scale if target_rate_per_s is None else _scale_for_rate(kept_s, target_rate_per_s)
+    out = _renumber(out)
+    out["arrival_s"] = (kept_s - kept_s[0]) * scale
+    out.attrs.update(
+        num_input_rows=len(df),
+        num_dropped_window=len(df) - num_after_window,
+        num_dropped_prompt_filter=num_after_window - num_after_filter,
+        num_dropped_max_requests=num_after_filter - len(out),
+        arrival_offset_s=float(kept_s[0]),
+        time_scale_applied=float(scale),
+    )
+    return out
+
+
+def _sorted_arrivals(df: pd.DataFrame) -> np.ndarray:
+    """`df.arrival_s` as float64 [num_rows]; ValueError if `df` is empty or not sorted by arrival."""
     if df.empty:
         raise ValueError("df has no rows; expected a non-empty request table")
     arrivals = df["arrival_s"].to_numpy(dtype=np.float64)
     if np.any(np.diff(arrivals) < 0):
         raise ValueError("df.arrival_s must be sorted ascending (read_mooncake and synthetic_requests sort it)")
+    return arrivals
 
+
+def _window(df: pd.DataFrame, arrivals: np.ndarray, start_s: float | None, end_s: float | None) -> pd.DataFrame:
+    """Rows with start_s <= arrival - first arrival < end_s (None = unbounded); ValueError if none is left."""
     relative_s = arrivals - arrivals[0]
     in_window = np.ones(len(df), dtype=bool)
     if start_s is not None:
@@ -80,25 +107,13 @@ def shape_requests(
             f"start_s={start_s}, end_s={end_s} removed every row; the trace spans [0, {relative_s[-1]:g}] s "
             "after its first arrival"
         )
-    num_after_window = len(out)
-    out = _filter_prompt_tokens(out, min_prompt_tokens, max_prompt_tokens)
-    num_after_filter = len(out)
-    if max_requests is not None:
-        out = out.iloc[:max_requests]
+    return out
 
-    kept_s = out["arrival_s"].to_numpy(dtype=np.float64)
-    scale = time_scale if target_rate_per_s is None else _scale_for_rate(kept_s, target_rate_per_s)
-    out = out.reset_index(drop=True)
+
+def _renumber(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with a fresh 0..n-1 index and `request_id` renumbered to match."""
+    out = df.reset_index(drop=True)
     out["request_id"] = np.arange(len(out), dtype=np.int64)
-    out["arrival_s"] = (kept_s - kept_s[0]) * scale
-    out.attrs.update(
-        num_input_rows=len(df),
-        num_dropped_window=len(df) - num_after_window,
-        num_dropped_prompt_filter=num_after_window - num_after_filter,
-        num_dropped_max_requests=num_after_filter - len(out),
-        arrival_offset_s=float(kept_s[0]),
-        time_scale_applied=float(scale),
-    )
     return out
 
 
@@ -198,6 +213,32 @@ def shape_sessions(
         ValueError: if `df` is not a non-empty session table, an option is out of range, or the options remove
             every request.
     """
+    _check_session_options(df, max_sessions, min_prompt_tokens, max_prompt_tokens, max_think_time_s)
+    out, num_repeated = _first_sessions(df, max_sessions)
+    num_after_sessions = len(out)
+    out = _renumber(_filter_prompt_tokens(out, min_prompt_tokens, max_prompt_tokens))
+    num_capped = _cap_think_times(out, max_think_time_s)
+    if "agent_id" in out.columns:
+        out.attrs["num_subagent_requests"] = int((out["agent_id"] != "").sum())
+    out.attrs.update(
+        num_sessions=int(out["session_id"].nunique()),
+        num_input_rows=len(df),
+        num_dropped_sessions=max(len(df) - num_after_sessions, 0),
+        num_repeated_sessions=num_repeated,
+        num_dropped_prompt_filter=num_after_sessions - len(out),
+        num_think_capped=num_capped,
+    )
+    return out
+
+
+def _check_session_options(
+    df: pd.DataFrame,
+    max_sessions: int | None,
+    min_prompt_tokens: int | None,
+    max_prompt_tokens: int | None,
+    max_think_time_s: float | None,
+) -> None:
+    """Check that `df` is a non-empty session table, then range-check every option of `shape_sessions`."""
     require_request_columns(df)
     if not is_session_table(df):
         raise ValueError(f"df is not a session table: expected columns {SESSION_COLUMNS}, got {list(df.columns)}")
@@ -212,37 +253,33 @@ def shape_sessions(
     if max_think_time_s is not None:
         check_non_negative("max_think_time_s", max_think_time_s)
 
-    out = df
+
+def _first_sessions(df: pd.DataFrame, max_sessions: int | None) -> tuple[pd.DataFrame, int]:
+    """(rows of the first `max_sessions` sessions, number of sessions repeated to reach `max_sessions`).
+
+    Above the trace's session count its sessions are replayed again in order, the copies' `session_id` suffixed
+    `#2`, `#3`, ... (`df.attrs` kept).
+    """
     session_ids = pd.unique(df["session_id"])
-    num_repeated = 0
-    if max_sessions is not None and max_sessions <= len(session_ids):
-        out = out.loc[out["session_id"].isin(set(session_ids[:max_sessions]))]
-    elif max_sessions is not None:  # more sessions than the trace has: replay its sessions again, in order
-        copies = [df]
-        for k in range(len(session_ids), max_sessions):
-            copy = df.loc[df["session_id"] == session_ids[k % len(session_ids)]].copy()
-            copy["session_id"] = copy["session_id"] + f"#{k // len(session_ids) + 1}"
-            copies.append(copy)
-        num_repeated = max_sessions - len(session_ids)
-        out = pd.concat(copies, ignore_index=True)
-        out.attrs = dict(df.attrs)
-    num_after_sessions = len(out)
-    out = _filter_prompt_tokens(out, min_prompt_tokens, max_prompt_tokens)
-    out = out.reset_index(drop=True)
-    out["request_id"] = np.arange(len(out), dtype=np.int64)
-    num_capped = 0
-    if max_think_time_s is not None:
-        think = out["think_time_s"].to_numpy(dtype=np.float64)
-        num_capped = int(np.count_nonzero(think > max_think_time_s))
-        out["think_time_s"] = np.minimum(think, max_think_time_s)
-    if "agent_id" in out.columns:
-        out.attrs["num_subagent_requests"] = int((out["agent_id"] != "").sum())
-    out.attrs.update(
-        num_sessions=int(out["session_id"].nunique()),
-        num_input_rows=len(df),
-        num_dropped_sessions=max(len(df) - num_after_sessions, 0),
-        num_repeated_sessions=num_repeated,
-        num_dropped_prompt_filter=num_after_sessions - len(out),
-        num_think_capped=num_capped,
-    )
-    return out
+    if max_sessions is None:
+        return df, 0
+    if max_sessions <= len(session_ids):
+        return df.loc[df["session_id"].isin(set(session_ids[:max_sessions]))], 0
+    copies = [df]
+    for k in range(len(session_ids), max_sessions):
+        copy = df.loc[df["session_id"] == session_ids[k % len(session_ids)]].copy()
+        copy["session_id"] = copy["session_id"] + f"#{k // len(session_ids) + 1}"
+        copies.append(copy)
+    out = pd.concat(copies, ignore_index=True)
+    out.attrs = dict(df.attrs)
+    return out, max_sessions - len(session_ids)
+
+
+def _cap_think_times(df: pd.DataFrame, max_think_time_s: float | None) -> int:
+    """Cap `df.think_time_s` at `max_think_time_s` in place (None = no cap); returns how many were capped."""
+    if max_think_time_s is None:
+        return 0
+    think = df["think_time_s"].to_numpy(dtype=np.float64)
+    num_capped = int(np.count_nonzero(think > max_think_time_s))
+    df["think_time_s"] = np.minimum(think, max_think_time_s)
+    return num_capped
