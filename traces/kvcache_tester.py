@@ -13,7 +13,7 @@ Flattening: every request gets the time `t` on its session's clock (a sub-agent'
 `t`); a session's requests, sub-agent requests included, are ordered stably by that time and numbered `turn` 0, 1,
 ... (`num_resorted` counts requests that this ordering moved). Sessions have no shared clock, so the table is
 grouped by session (file order), then turn, and `arrival_s` is the time on the session's own clock: the table is
-not sorted by `arrival_s` across sessions. The simulator replays such a table closed loop (`sim/sessions.py`):
+not sorted by `arrival_s` across sessions. The simulator replays such a table closed loop (`sim/serving/sessions.py`):
 request k + 1 of a session is issued `think_time_s` after request k finished.
 
 Errors name the file, the line (the files are usually one line) and the request's JSON location, e.g.
