@@ -1,4 +1,4 @@
-"""Shipped model and hardware cards and scenarios validate, and their derived sizes match REFERENCE.md."""
+"""Shipped model and hardware cards and scenarios validate, and their derived sizes match docs/sources.md."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ MODEL_CARDS = card_names("model")
 HARDWARE_CARDS = card_names("hardware")
 SHIPPED_SCENARIOS = sorted(scenarios_dir().glob("*.yaml")) + sorted(scenarios_dir().glob("examples/*.yaml"))
 
-# REFERENCE.md §4: KV bytes per token = 2 (K, V) × layers × KV heads × head_dim × 2 B (bf16).
+# docs/sources.md §4: KV bytes per token = 2 (K, V) × layers × KV heads × head_dim × 2 B (bf16).
 KV_BYTES_PER_TOKEN = {
     "qwen3-14b": 163840,  # 160 KiB
     "qwen3-30b-a3b": 98304,  # 96 KiB
@@ -51,7 +51,7 @@ def test_hardware_card_validates_and_is_named_after_its_file(name):
 def test_hardware_card_is_marked_datasheet_not_measured(name):
     card = HardwareSpec.model_validate(load_card("hardware", name))
     assert card.measured is False
-    assert "REFERENCE" in card.source
+    assert "docs/sources.md" in card.source
 
 
 @pytest.mark.parametrize(("name", "expected"), sorted(KV_BYTES_PER_TOKEN.items()))
@@ -60,7 +60,7 @@ def test_kv_bytes_per_token_matches_reference(name, expected):
 
 
 def test_qwen3_14b_weights_are_27_6_gib():
-    # REFERENCE.md §5.1 worked example: "Qwen3-14B weights ≈ 27.6 GiB".
+    # docs/sources.md §5.1 worked example: "Qwen3-14B weights ≈ 27.6 GiB".
     assert _model("qwen3-14b").weight_bytes / GIB == pytest.approx(27.6, rel=0.02)
 
 

@@ -1,6 +1,6 @@
 """Layering: the simulator and the traces package never import torch, the engine, calibration or plots.
 
-The simulator must run on a machine without torch (STYLE.md: CPU first; the engine is an optional extra).
+The simulator must run on a machine without torch .
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ grouped by session then turn, `arrival_s` is the time on the session's own clock
 session only) and `df.attrs["clock"]` is "per_session". `is_session_table` tells them apart.
 
 Metadata travels in `df.attrs` (e.g. `source`, `num_blank_lines`, `num_resorted`, `num_dropped_window`), so a
-reader never drops, clips or reorders rows without saying so (STYLE.md 9.5).
+reader never drops, clips or reorders rows without saying so .
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
    `target_rate_per_s`, the factor that makes `(n - 1) / span` equal to the target.
 
 Rows are only ever dropped, never altered (apart from the rebase and the time scale); every drop is counted in
-`df.attrs` (STYLE.md 9.5): `num_input_rows`, `num_dropped_window`, `num_dropped_prompt_filter`,
+`df.attrs` : `num_input_rows`, `num_dropped_window`, `num_dropped_prompt_filter`,
 `num_dropped_max_requests`, `arrival_offset_s` (the first kept arrival, on the input clock) and
 `time_scale_applied`. Attributes of the input (e.g. `source`) are kept.
 

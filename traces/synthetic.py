@@ -8,7 +8,7 @@ Lengths are rounded to the nearest integer and floored at `min_tokens`. The floo
 (there is no upper clip); it raises the sample mean slightly above the requested mean when much of the mass
 lies below `min_tokens` (e.g. small means with a large cv). The number of floored values is in `df.attrs`.
 
-All randomness comes from the `np.random.Generator` passed in (STYLE.md 9.6), drawn in a fixed order: arrival
+All randomness comes from the `np.random.Generator` passed in , drawn in a fixed order: arrival
 gaps, then prompt lengths, then output lengths.
 """
 

@@ -64,7 +64,7 @@ class ModelSpec(Spec):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes of one token over all layers (REFERENCE.md §4: 160 KiB for Qwen3-14B)."""
+        """KV bytes of one token over all layers (docs/sources.md §4: 160 KiB for Qwen3-14B)."""
         return self.kv_bytes_per_token_per_layer * self.num_layers
 
     @property
@@ -104,7 +104,7 @@ class ModelSpec(Spec):
 
     @property
     def weight_bytes(self) -> int:
-        """All weights in HBM (Qwen3-14B bf16: 29.5e9 B = 27.5 GiB; REFERENCE.md §5.1 says ≈ 27.6 GiB)."""
+        """All weights in HBM (Qwen3-14B bf16: 29.5e9 B = 27.5 GiB; docs/sources.md §5.1 says ≈ 27.6 GiB)."""
         return (self.num_layers * self.params_per_layer + self.embedding_params) * self.dtype_bytes
 
 

@@ -11,7 +11,7 @@ from sim.config.cards import HardwareSpec, ModelSpec
 
 
 class RecallStatsSpec(Spec):
-    """How selections change from step to step, per layer (DESIGN.md "Recall model").
+    """How selections change from step to step, per layer (docs/design.md "Recall model").
 
     The fraction of a (request, layer)'s selected blocks that changes from one step to the next is drawn
     per (request, layer, step) from a Kumaraswamy(a, b) distribution on [0, 1] whose mean follows
@@ -24,9 +24,9 @@ class RecallStatsSpec(Spec):
     (calibrate/selection_fit.py), including ``working_set_ratio``, the measured size of the working set.
 
     Defaults (Model assumption, placeholders until the engine measures them on a real model): the level,
-    under 25 % of blocks changing per step, is NOSA's (REFERENCE.md §2.1); ``returning_frac`` 0.5 and the
+    under 25 % of blocks changing per step, is NOSA's (docs/sources.md §2.1); ``returning_frac`` 0.5 and the
     12-step window are SparseServe's working-set figures (+10.7 % overlap from 1 to 12 steps, +0.3 % beyond,
-    §2.2); the higher change in early layers follows MODEL.md ("layers 0–1 attend diffusely").
+    §2.2); the higher change in early layers follows docs/sources.md §8 ("layers 0–1 attend diffusely").
     """
 
     change_mean_by_depth: Annotated[list[tuple[float, float]], Field(min_length=1)] = [

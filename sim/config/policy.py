@@ -10,7 +10,7 @@ from sim.config.base import PositiveInt, Spec
 
 
 class DensePolicy(Spec):
-    """Dense serving, SGLang-like: all KV on the GPU, batch capped by the KV pool (REFERENCE.md §5).
+    """Dense serving, SGLang-like: all KV on the GPU, batch capped by the KV pool (docs/sources.md §5).
 
     Shipped preset: ``scenarios/policies/sglang.yaml``.
     """
@@ -40,7 +40,7 @@ class OffloadPolicy(DensePolicy):
 
     Requests with a prompt of at least ``offload_threshold_tokens`` are offloaded: the GPU keeps the sink,
     the recent window, a recall buffer and the block summaries; every other block lives in host DRAM.
-    ``selection``: ``solohead`` (one block set per request and layer, DESIGN.md mechanism 1),
+    ``selection``: ``solohead`` (one block set per request and layer, docs/design.md mechanism 1),
     ``headwise`` (each KV head its own set) or ``all`` (recall every offloaded block, FlexGen-like).
     ``io``: ``gather_scatter`` (host gather into a staging buffer, one H2D copy per layer, mechanism 2)
     or ``per_fragment`` (one copy per fragment).

@@ -26,7 +26,7 @@ class ServingSpec(Spec):
     ``colocated``: the GPU runs prefill and decode itself, SGLang's default (prefill first, chunked).
     ``disaggregated``: prefill runs on ``num_prefill_gpus`` separate GPUs of the same card (FIFO, one
     request at a time each) and finished prefills queue for the decode GPU, as in Mooncake's
-    prefill/decode split and SGLang HiSparse's decode-only deployment (REFERENCE.md §5.4). Model
+    prefill/decode split and SGLang HiSparse's decode-only deployment (docs/sources.md §5.4). Model
     assumption: KV transfer from the prefill GPU is hidden (layer-wise RDMA) and costs no time.
     ``none``: requests arrive with their prompt's KV already cached and their first token sampled (prefill
     is not simulated) — decode alone, as `pulseinfer validate` runs the engine on pre-filled caches.

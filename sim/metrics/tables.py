@@ -1,6 +1,6 @@
 """Records → DataFrames → one summary row per policy.
 
-Definitions (STYLE.md §9.3, vLLM's benchmark metrics):
+Definitions :
 
 * ``ttft_s`` = first token − arrival; ``e2e_s`` = finish − arrival;
 * ``tpot_s`` = (e2e − ttft) / (output tokens − 1), undefined (NaN) for requests with < 2 output tokens;

@@ -1,4 +1,4 @@
-"""SGLang-like dense serving: all KV on the GPU, dense attention, nothing recalled (REFERENCE.md §5)."""
+"""SGLang-like dense serving: all KV on the GPU, dense attention, nothing recalled (docs/sources.md §5)."""
 
 from __future__ import annotations
 

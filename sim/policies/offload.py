@@ -1,7 +1,7 @@
 """KV offloading with sparse (SoloHead or head-wise) or full recall: ``full_offload``, ``headwise``,
 ``pulseinfer`` and their ablation variants.
 
-What an offloaded request keeps in the device pool (Model assumption, DESIGN.md "Recall model"): the sink
+What an offloaded request keeps in the device pool (Model assumption, docs/design.md "Recall model"): the sink
 (``sink_tokens``), the recent window (``recent_tokens`` plus the block being filled), a recall buffer of
 ``recall_buffer_blocks`` (per KV head for head-wise selection: the same bytes) and one block summary
 (per-channel key min and max) per KV block. A summary has the size of one token's K and V, so
@@ -11,7 +11,7 @@ Everything else lives in host DRAM. Attention reads the sink, the recent window 
 (all blocks for ``selection: all``); selection reads every summary.
 
 Offload writes (D2H): each step the new token's KV of every offloaded request is backed up to host
-(eager backup, as SGLang HiSparse does, REFERENCE.md §5.4); its D2H time slows H2D by the hardware's
+(eager backup, as SGLang HiSparse does, docs/sources.md §5.4); its D2H time slows H2D by the hardware's
 ``d2h_coupling``.
 
 With a calibrated profile (sim/config/profiles.py): its ``selection`` section charges measured selection time per

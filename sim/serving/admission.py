@@ -1,5 +1,5 @@
 """Admission: which queued requests join the running batch, dense or offloaded (SGLang ``PrefillAdder`` rules,
-plus DESIGN.md mechanism 4, IO-adaptive offloading admission, as we read it).
+plus docs/design.md mechanism 4, IO-adaptive offloading admission, as we read it).
 
 The policy owns one admission object (``Policy.admission``); the replica asks it, at each scheduler
 iteration, to walk the waiting queue (:meth:`Admission.select`) and calls its hooks after each decode step

@@ -3,7 +3,7 @@
 Only counts are kept here; which block holds what is the engine's business. Exhaustion is a return
 value (``allocate`` → False), never an exception: the scheduler decides whether to wait or preempt.
 
-Device pool size follows SGLang's rule (REFERENCE.md §5.1): HBM − reserve − weights, in blocks of
+Device pool size follows SGLang's rule (docs/sources.md §5.1): HBM − reserve − weights, in blocks of
 ``block_size × kv_bytes_per_token`` bytes.
 """
 

@@ -9,7 +9,7 @@ Decode, one layer, batch of B requests attending T tokens in total (sum over the
 ``W_layer`` is the attention and dense-MLP (or router) weight bytes; for MoE, ``E_touched(B) = E · (1 −
 (1 − k/E)^B)`` is the expected number of distinct experts that B tokens route to (uniform routing), each
 read once. ``4 · num_heads · head_dim`` FLOPs per attended token is QKᵀ plus AV (2 + 2 multiply-adds per
-channel). Sources: the bandwidth roofline of REFERENCE.md §6 item 5 (decode is HBM-bound, ridge point
+channel). Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound, ridge point
 ~295 FLOP/B on H100, §3.1); peak and bandwidth from the hardware card.
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::

@@ -1,4 +1,4 @@
-"""Interruptible layer-wise scheduling of one decode step (DESIGN.md mechanism 3, our reading).
+"""Interruptible layer-wise scheduling of one decode step (docs/design.md mechanism 3, our reading).
 
 The step is a sequence of GPU work items (layer l of micro-batch g, in the order the GPU runs them:
 (g0,l0), (g1,l0), (g0,l1), ...). Item i needs its recall before it computes:

@@ -1,6 +1,6 @@
 """PCIe link and host-gather cost models: bytes and fragment counts → seconds.
 
-Link (one H2D DMA queue per GPU; copy engines are per direction, REFERENCE.md §3.2). One transfer of
+Link (one H2D DMA queue per GPU; copy engines are per direction, docs/sources.md §3.2). One transfer of
 ``s`` bytes takes::
 
     t(s) = t0 + s / BW                       (hardware card: h2d_latency_us, h2d_bandwidth_gbps), or
@@ -9,7 +9,7 @@ Link (one H2D DMA queue per GPU; copy engines are per direction, REFERENCE.md §
                                              point's rate)
 
 ``per_fragment`` I/O pays this per fragment (N·t0 + bytes/BW for N equal fragments); ``gather_scatter``
-pays it once for the coalesced transfer. REFERENCE.md §3.3: 8 KiB fragments reach ~6 GB/s on a link
+pays it once for the coalesced transfer. docs/sources.md §3.3: 8 KiB fragments reach ~6 GB/s on a link
 whose large copies run at 25–55 GB/s, i.e. t0 ≈ 1.2 µs.
 
 Host gather (gather_scatter only): the CPU copies each fragment from the host pool into the pinned
@@ -18,7 +18,7 @@ staging buffer before the H2D copy, ``threads`` threads in parallel::
     g(N, bytes) = (N · fragment_cost + bytes / per_thread_rate) / threads
 
 D2H coupling: while offload writes (D2H) keep their copy engine busy for a fraction f of a step, H2D
-transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured, REFERENCE.md §3.2).
+transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured, docs/sources.md §3.2).
 """
 
 from __future__ import annotations

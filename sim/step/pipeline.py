@@ -8,7 +8,7 @@ Per step, with per-layer host gather times ``g[l]``, link times ``r[l]`` and com
     copy l     starts at  max(gather l end, link free)     — one H2D DMA queue per GPU, FIFO
     compute l  starts at  max(compute l-1 end, copy l end) — stall = the wait on the recall
 
-Model assumption (DESIGN.md, mechanism 3, first version): selection for layer l+1 is known when layer l
+Model assumption (docs/design.md, mechanism 3, first version): selection for layer l+1 is known when layer l
 starts (speculated from layer l's input), so layer l+1's recall overlaps layer l's compute; layer 0's
 recall cannot start before the step does.
 

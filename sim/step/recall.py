@@ -1,6 +1,6 @@
 """Recall model: which blocks each offloaded request moves per layer and step, as bytes and fragments.
 
-For an offloaded request r with ``ctx`` KV tokens, at layer l and step t (DESIGN.md "Recall model")::
+For an offloaded request r with ``ctx`` KV tokens, at layer l and step t (docs/design.md "Recall model")::
 
     offloaded_blocks n  = max(0, ctx − sink_tokens − recent_tokens) // block_size   (sink, window resident)
     selected k          = min(budget_tokens // block_size, n)

@@ -1,4 +1,4 @@
-"""Invariants on the shipped default scenario (DESIGN.md "Invariants"), with debug checks on."""
+"""Invariants on the shipped default scenario (docs/design.md "Invariants"), with debug checks on."""
 
 from __future__ import annotations
 

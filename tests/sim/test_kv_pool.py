@@ -91,9 +91,9 @@ def test_random_allocate_release_keeps_used_equal_to_outstanding(capacity, ops):
 
 
 def test_qwen3_14b_on_h200_holds_about_657k_tokens():
-    # REFERENCE.md §5.1 worked example: ~657K KV tokens for Qwen3-14B on one H200. REFERENCE derives its
+    # docs/sources.md §5.1 worked example: ~657K KV tokens for Qwen3-14B on one H200. the sources derive their
     # reserve from mem_fraction_static ≈ 0.911 (12 GB + 0.5 GB, in GB), the card reserves 12.5 GiB and
-    # computes weights from the shape (27.5 GiB vs REFERENCE's 27.6), so the two differ slightly: 5 % tolerance.
+    # computes weights from the shape (27.5 GiB vs the sources' 27.6), so the two differ slightly: 5 % tolerance.
     blocks = device_pool_blocks(_model("qwen3-14b"), _hardware("h200"), block_size=1)
     assert blocks == pytest.approx(657_000, rel=0.05)
 

@@ -28,7 +28,7 @@ def test_coalesced_pays_latency_once():
 
 
 def test_default_card_fragmented_recall_runs_at_a_few_gbps():
-    """REFERENCE.md §1/§3.3: ~8 KB head-wise transfers reach ~6 GB/s on a 25-55 GB/s link."""
+    """docs/sources.md §1/§3.3: ~8 KB head-wise transfers reach ~6 GB/s on a 25-55 GB/s link."""
     link = LinkModel(_hw())
     gbps = link.achieved_gbps(1000 * 8 * KIB, link.fragments_s(1000, 8 * KIB))
     assert 3.0 < gbps < 10.0
