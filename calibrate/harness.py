@@ -16,7 +16,7 @@ Engine policies mirror the simulator's (:data:`ENGINE_POLICIES`):
 * ``headwise`` — head-wise selection, per-fragment recall (the offloading baseline).
 
 The engine keeps no recall buffer between steps (every selected block is recalled every step), so the
-simulator's mirror policies set ``miss_rate: 1.0``; its prefetch is one layer ahead with no pre-emption
+simulator's mirror policies set ``miss_frac: 1.0``; its prefetch is one layer ahead with no pre-emption
 (``scheduling: sequential``, ``lookahead_layers: 1``).
 """
 
@@ -62,7 +62,7 @@ class EnginePolicy:
             "recent_tokens": self.recent_tokens,
             "recall_buffer_blocks": self.budget_tokens // self.block_size,
             "offload_threshold_tokens": 1,
-            "miss_rate": 1.0,  # the engine has no recall buffer: every selected block moves every step
+            "miss_frac": 1.0,  # the engine has no recall buffer: every selected block moves every step
             "scheduling": "sequential",
             "lookahead_layers": 1,
             "admission": "static",

@@ -204,7 +204,7 @@ def run_calibration(
     compute_fit = fit.fit_compute(compute, card.name)
     selection_fit = fit.fit_selection(selection)
     kv_gbps = (
-        card.kv_bytes_per_token_layer / (compute_fit.layer_per_token_ns * 1e-9) / 1e9
+        card.kv_bytes_per_token_per_layer / (compute_fit.layer_per_token_ns * 1e-9) / 1e9
         if compute_fit.layer_per_token_ns
         else 1e3
     )

@@ -4,16 +4,34 @@ Each sub-command lives in ``pulseinfer/commands/<name>.py`` with ``add_parser(su
 ``run(args) -> int``; command modules import their heavy packages (sim, torch, matplotlib) inside
 ``run`` only, so building the parser is cheap and ``pulseinfer simulate`` never loads torch.
 
-Exit status: 0 on success, 2 on bad input (one ``error:`` line on stderr naming the field, the value and
-what was expected), 1 on an unexpected failure.
+Error boundary: ``run`` does its work and raises; :func:`main` alone turns errors into output and exit status
+(the statuses live in ``pulseinfer.errors``):
+
+- an input error → one ``error: <message>`` line on stderr, exit 2. Input errors are the classes named in
+  :data:`INPUT_ERRORS` (the libraries' typed errors, e.g. sim's ``ScenarioError``, traces' ``TraceError``, and
+  the CLI's own ``UsageError``) and their subclasses; sub-commands wrap library calls that check input with a
+  plain ``ValueError`` in ``pulseinfer.errors.usage_errors`` and map a library's field names to their flags
+  with ``pulseinfer.errors.flag_names``;
+- an ``OSError`` (a path the user named cannot be read or written) → one ``error:`` line, exit 2;
+- ``KeyboardInterrupt`` → one ``interrupted`` line, exit 130, no traceback;
+- anything else propagates with its traceback (exit 1): it is a bug.
+
+Input errors are recognised by (top-level package, class name) along the exception's MRO rather than by
+importing the classes, so the boundary loads nothing a sub-command did not (``pulseinfer trace`` never loads
+sim, ``pulseinfer simulate`` never loads torch), and a class that moves within its package still matches
+(tests/test_cli_boundary.py checks that every listed name exists).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
-EXIT_BAD_INPUT = 2
+from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "error_message", "main"]
+
 COMMANDS = [
     "simulate",
     "search",
@@ -25,6 +43,15 @@ COMMANDS = [
     "engine_bench",
     "trace",
 ]  # command modules, help order
+
+# top-level package → names of its exception classes that mean bad input (subclasses included)
+INPUT_ERRORS: dict[str, frozenset[str]] = {
+    "pulseinfer": frozenset({"UsageError"}),
+    "sim": frozenset({"ScenarioError", "CapacityError", "SpaceError", "SearchError", "PlanError"}),
+    "traces": frozenset({"TraceError"}),
+    "plots": frozenset({"MissingData"}),
+    "engine": frozenset({"ModelNotInstalled"}),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the sub-command, and map what it raises to one stderr line and an exit status."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        message = error_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def error_message(exc: BaseException) -> str | None:
+    """The one-line message for an input or path error; None for anything else (a bug)."""
+    if isinstance(exc, OSError):
+        if exc.filename is not None and exc.strerror:
+            return f"{exc.filename}: {exc.strerror}"
+        return _one_line(exc)
+    for cls in type(exc).__mro__:
+        if cls.__name__ in INPUT_ERRORS.get(cls.__module__.partition(".")[0], ()):
+            return _one_line(exc)
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message with any line breaks folded into spaces (the boundary prints exactly one line)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or exc.__class__.__name__

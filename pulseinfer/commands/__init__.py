@@ -1,8 +1,14 @@
-"""One module per ``pulseinfer`` sub-command: ``add_parser(subparsers)`` and ``run(args) -> int``."""
+"""One module per ``pulseinfer`` sub-command: ``add_parser(subparsers)`` and ``run(args) -> int``.
+
+``run`` raises on bad input (``pulseinfer.errors.UsageError`` or a library's typed error); ``pulseinfer.cli.main``
+prints the ``error:`` line and picks the exit status.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+from pulseinfer.errors import UsageError
 
 
 def add_overrides(p: argparse.ArgumentParser, example: str = "workload.time_scale=0.5") -> None:
@@ -18,38 +24,36 @@ def add_overrides(p: argparse.ArgumentParser, example: str = "workload.time_scal
 
 
 def import_torch():
-    """torch, or ImportError with the install command (torch is the `engine` extra, not a core dependency)."""
+    """torch, or UsageError with the install command (torch is the `engine` extra, not a core dependency)."""
     try:
         import torch
     except ImportError:
-        raise ImportError("this command needs torch: pip install -e '.[engine]'") from None
+        raise UsageError("this command needs torch: pip install -e '.[engine]'") from None
     return torch
 
 
 def resolve_device(device: str | None, torch) -> str:
-    """``--device``: cpu, cuda or cuda:N (default cuda when torch sees one). Raises ValueError naming the value."""
+    """``--device``: cpu, cuda or cuda:N (default cuda when torch sees one). Raises UsageError naming the value."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"--device {device}: must be cpu, cuda or cuda:N")
+        raise UsageError(f"--device {device}: must be cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: torch sees no CUDA device")
+        raise UsageError(f"--device {device}: torch sees no CUDA device")
     return device
 
 
 def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
-    """A comma-separated list of integers >= minimum. Raises ValueError naming the flag and the value."""
+    """A comma-separated list of integers >= minimum. Raises UsageError naming the flag and the value."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         values = ()
     if not values or min(values) < minimum:
-        raise ValueError(f"{flag} {text}: expected comma-separated integers >= {minimum}, e.g. 256,512,1024")
+        raise UsageError(f"{flag} {text}: expected comma-separated integers >= {minimum}, e.g. 256,512,1024")
     return values
 
 
 def check_out_folder(out, flag: str = "--out") -> None:
-    """Raise ScenarioError (a ValueError) if ``out`` exists and is not a folder."""
-    from sim.config import ScenarioError
-
+    """Raise UsageError if ``out`` exists and is not a folder."""
     if out.exists() and not out.is_dir():
-        raise ScenarioError(f"{flag} {out}: exists and is not a folder; give a folder path")
+        raise UsageError(f"{flag} {out}: exists and is not a folder; give a folder path")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, int_list
+from pulseinfer.commands import check_out_folder, import_torch, int_list
+from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.progress import Bar
 
-EXIT_BAD_INPUT = 2
 DEFAULT_SELECTIONS = "headwise,solohead,solohead_norm,solohead_box,streaming,oracle"
 DEFAULT_STEPS = 64  # engine.accuracy.DEFAULT_STEPS (not imported here: building the parser must not load torch)
 
@@ -56,19 +56,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        budgets, selections = _parse_lists(args)
-    except ValueError as exc:
-        return _bad(exc)
-    import torch
-
+    torch = import_torch()
+    budgets, selections = _parse_lists(args)
     from engine.accuracy import AccuracySettings, evaluate_accuracy, format_accuracy, num_work_units
     from engine.weights import ModelNotInstalled
 
     torch.set_num_threads(args.threads)
     steps = args.steps
-    try:
-        config, weights, tokenizer, label = _load(args)
+    with usage_errors():  # an unreadable GGUF, a run the model or text cannot serve, AccuracySettings' checks
+        try:
+            config, weights, tokenizer, label = _load(args)
+        except ModelNotInstalled as exc:
+            raise UsageError(f"--model smollm2: {exc}") from None
         _check_model_fit(args, steps, config)
         tokens = _tokens(args, steps, config, tokenizer, torch)
         settings = AccuracySettings(
@@ -78,14 +77,9 @@ def run(args: argparse.Namespace) -> int:
             selections=tuple(selections),
             dense_layers=args.dense_layers,
         )
-    except ModelNotInstalled as exc:
-        print(f"error: --model smollm2: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as exc:
-        return _bad(exc)
     start = time.perf_counter()
-    with _Progress(num_work_units(settings), hidden=args.no_progress) as tick:
-        table = evaluate_accuracy(config, weights, tokens, settings, progress=tick)
+    with Bar(num_work_units(settings), "accuracy", "pass", hidden=args.no_progress) as bar:
+        table = evaluate_accuracy(config, weights, tokens, settings, progress=bar.advance)
     wall_s = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "accuracy.csv", index=False)
@@ -104,13 +98,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bad(exc: Exception) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
-    """Budgets and selections from the arguments; raises ValueError naming the flag, value and expectation."""
+    """Budgets and selections from the arguments; raises UsageError naming the flag, value and expectation."""
     from engine.accuracy import ACCURACY_SELECTIONS
 
     budgets = list(int_list(args.budgets, "--budgets", 16))
@@ -118,18 +107,18 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     unknown = [s for s in selections if s not in ACCURACY_SELECTIONS]
     if unknown:
         expected = ", ".join(ACCURACY_SELECTIONS)
-        raise ValueError(f"--selections {args.selections}: unknown {unknown}; expected 'all' or some of {expected}")
+        raise UsageError(f"--selections {args.selections}: unknown {unknown}; expected 'all' or some of {expected}")
     lows = [("--context", args.context, 1), ("--steps", args.steps, 1), ("--threads", args.threads, 1)]
     lows += [("--dense-layers", args.dense_layers, 0), ("--seed", args.seed, 0)]
     for flag, value, low in lows:
         if value < low:
-            raise ValueError(f"{flag} {value}: must be >= {low}")
+            raise UsageError(f"{flag} {value}: must be >= {low}")
     from engine.accuracy import BlockLayout
 
     layout = BlockLayout()
     least = layout.resident_tokens + layout.block_size
     if args.context < least:
-        raise ValueError(
+        raise UsageError(
             f"--context {args.context}: must be >= {least} tokens (sink {layout.sink_tokens} + recent "
             f"{layout.recent_tokens} + one block to select)"
         )
@@ -162,34 +151,15 @@ def _tokens(args: argparse.Namespace, steps: int, config, tokenizer, torch):
     try:
         return corpus_tokens(tokenizer, (args.seed + 1) * n)[args.seed * n :]
     except ValueError as exc:
-        raise ValueError(f"--seed {args.seed} with --context {args.context} --steps {steps}: {exc}") from None
+        raise UsageError(f"--seed {args.seed} with --context {args.context} --steps {steps}: {exc}") from None
 
 
 def _check_model_fit(args: argparse.Namespace, steps: int, config) -> None:
-    """Raises ValueError if the run needs more positions or dense layers than the model has."""
+    """Raises UsageError if the run needs more positions or dense layers than the model has."""
     if config.max_seq_len is not None and args.context + steps > config.max_seq_len:
-        raise ValueError(
+        raise UsageError(
             f"--context {args.context}: context + steps = {args.context + steps} exceeds the model's "
             f"max_seq_len={config.max_seq_len}; use --context <= {config.max_seq_len - steps}"
         )
     if args.dense_layers > config.num_layers:
-        raise ValueError(f"--dense-layers {args.dense_layers}: the model has {config.num_layers} layers")
-
-
-class _Progress:
-    """Context manager yielding ``tick(n)`` that drives a tqdm bar over the evaluation's units (or nothing)."""
-
-    def __init__(self, total: int, hidden: bool) -> None:
-        self.total, self.hidden, self.bar = total, hidden, None
-
-    def __enter__(self):
-        if self.hidden:
-            return lambda n: None
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.total, desc="accuracy", unit="pass", file=sys.stderr)
-        return self.bar.update
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        raise UsageError(f"--dense-layers {args.dense_layers}: the model has {config.num_layers} layers")

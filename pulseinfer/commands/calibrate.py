@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
+from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.progress import Bar
 
-EXIT_BAD_INPUT = 2
 STAGES = ("copy", "recall", "compute", "selection", "matmul", "fit")
 
 
@@ -63,31 +64,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.what == "selection":
         return _run_selection(args)
-    try:
-        torch = import_torch()
-        device = resolve_device(args.device, torch)
-        check_out_folder(args.out)
-        for flag, value in (("--layers", args.layers), ("--scale", args.scale), ("--threads", args.threads)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} {value}: must be >= 1")
-        from calibrate.run import CalibrationSettings, run_calibration, summary_table
+    torch = import_torch()
+    device = resolve_device(args.device, torch)
+    check_out_folder(args.out)
+    for flag, value in (("--layers", args.layers), ("--scale", args.scale), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: must be >= 1")
+    from calibrate.run import CalibrationSettings, run_calibration, summary_table
 
-        settings = CalibrationSettings(device, args.quick, args.model, args.layers, args.scale, args.threads, args.seed)
-        from tqdm import tqdm
-
-        started = time.perf_counter()
-        with tqdm(total=len(STAGES), desc="calibrate", unit="stage", file=sys.stderr) as bar:
-
-            def stage(name: str) -> None:
-                if bar.n or name != STAGES[0]:
-                    bar.update(1)
-                bar.set_postfix_str(name)
-
-            profile = run_calibration(settings, args.out, progress=stage)
-            bar.update(bar.total - bar.n)
-    except (ImportError, ValueError) as exc:  # ScenarioError is a ValueError
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    settings = CalibrationSettings(device, args.quick, args.model, args.layers, args.scale, args.threads, args.seed)
+    started = time.perf_counter()
+    # calibrate checks the model card (MoE, dtype, scale) with plain ValueErrors, and a fit that fails is reported
+    # the same way
+    with usage_errors(), Bar(len(STAGES), "calibrate", "stage") as bar:
+        profile = run_calibration(settings, args.out, progress=bar.stage)
     table = summary_table(profile)
     print(
         f"\n{profile.name}: {profile.metadata['device_name']}, model {profile.model.name} "
@@ -100,66 +90,69 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_selection(args: argparse.Namespace) -> int:
+    import warnings
+
+    kwargs = _selection_kwargs(args)
+    from calibrate.selection import run_selection_calibration
+
+    with usage_errors(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_selection_calibration(**kwargs)
+    for warning in caught:
+        print(f"note: {warning.message}", file=sys.stderr)
+    _print_selection(result)
+    return 0
+
+
+def _selection_kwargs(args: argparse.Namespace) -> dict:
+    """``run_selection_calibration`` arguments, every one checked before the model loads. Raises UsageError."""
+    hardware_only = [
+        flag
+        for flag, value, default in (
+            ("--device", args.device, None), ("--quick", args.quick, False), ("--model", args.model, "qwen3-14b"),
+            ("--layers", args.layers, None), ("--scale", args.scale, None), ("--seed", args.seed, 0),
+        )
+        if value != default
+    ]  # fmt: skip
+    if hardware_only:
+        raise UsageError(
+            f"{', '.join(hardware_only)}: options of the hardware calibration, not of `calibrate selection` "
+            "(it always runs SmolLM2-135M on the CPU)"
+        )
+    threads = args.selection_threads or args.threads or 1
+    if threads < 1:
+        raise UsageError(f"--threads {threads}: must be >= 1")
+    torch = import_torch()
+    torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
     out = args.selection_out or args.out
-    try:
-        hardware_only = [
-            flag
-            for flag, value, default in (
-                ("--device", args.device, None), ("--quick", args.quick, False), ("--model", args.model, "qwen3-14b"),
-                ("--layers", args.layers, None), ("--scale", args.scale, None), ("--seed", args.seed, 0),
-            )
-            if value != default
-        ]  # fmt: skip
-        if hardware_only:
-            raise ValueError(
-                f"{', '.join(hardware_only)}: options of the hardware calibration, not of `calibrate selection` "
-                "(it always runs SmolLM2-135M on the CPU)"
-            )
-        threads = args.selection_threads or args.threads or 1
-        if threads < 1:
-            raise ValueError(f"--threads {threads}: must be >= 1")
-        torch = import_torch()
-        torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
-        check_out_folder(out)
-        budgets = int_list(args.budgets, "--budgets", 16)
-        from engine.accuracy import BlockLayout
+    check_out_folder(out)
+    budgets = int_list(args.budgets, "--budgets", 16)
+    from engine.accuracy import BlockLayout
 
-        layout = BlockLayout()
-        least = layout.resident_tokens + max(budgets) + layout.block_size
-        if args.context < least:
-            raise ValueError(
-                f"--context {args.context}: must be >= {least} tokens (sink + recent window {layout.resident_tokens} "
-                f"+ the largest budget {max(budgets)} + one block), or no block is ever left unselected"
-            )
-        if (out / "profile.yaml").is_file():  # fail on an unreadable profile before the model runs
-            from sim.config.profiles import read_profile
+    layout = BlockLayout()
+    least = layout.resident_tokens + max(budgets) + layout.block_size
+    if args.context < least:
+        raise UsageError(
+            f"--context {args.context}: must be >= {least} tokens (sink + recent window {layout.resident_tokens} "
+            f"+ the largest budget {max(budgets)} + one block), or no block is ever left unselected"
+        )
+    if (out / "profile.yaml").is_file():  # fail on an unreadable profile before the model runs
+        from sim.config.profiles import read_profile
 
-            read_profile(out / "profile.yaml")
-        if args.steps is not None and args.steps <= 12:
-            raise ValueError(f"--steps {args.steps}: must exceed the 12-step working set")
-        from calibrate.selection import run_selection_calibration
-        from engine.weights import ModelNotInstalled
+        read_profile(out / "profile.yaml")
+    if args.steps is not None and args.steps <= 12:
+        raise UsageError(f"--steps {args.steps}: must exceed the 12-step working set")
+    kwargs = {"budgets": budgets, "context_tokens": args.context, "out_dir": out}
+    if args.steps is not None:
+        kwargs["steps"] = args.steps
+    if args.buffer_blocks is not None:
+        if args.buffer_blocks < 1:
+            raise UsageError(f"--buffer-blocks {args.buffer_blocks}: must be >= 1")
+        kwargs["buffer_blocks"] = args.buffer_blocks
+    return kwargs
 
-        kwargs = {"budgets": budgets, "context_tokens": args.context, "out_dir": out}
-        if args.steps is not None:
-            kwargs["steps"] = args.steps
-        if args.buffer_blocks is not None:
-            if args.buffer_blocks < 1:
-                raise ValueError(f"--buffer-blocks {args.buffer_blocks}: must be >= 1")
-            kwargs["buffer_blocks"] = args.buffer_blocks
-        import warnings
 
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                result = run_selection_calibration(**kwargs)
-        except ModelNotInstalled as exc:
-            raise ValueError(str(exc)) from None
-        for warning in caught:
-            print(f"note: {warning.message}", file=sys.stderr)
-    except (ImportError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+def _print_selection(result) -> None:
     import pandas as pd
 
     rows = [
@@ -188,4 +181,3 @@ def _run_selection(args: argparse.Namespace) -> int:
         f"{stats['returning_frac']:.3f}, working set {stats['working_set_ratio']:.2f} k"
     )
     print(f"recall_stats written into {result.profile_path}; selection_stats.csv and selection_summary.yaml beside it")
-    return 0

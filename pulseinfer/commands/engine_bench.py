@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, resolve_device
-
-EXIT_BAD_INPUT = 2
+from pulseinfer.commands import check_out_folder, import_torch, resolve_device
+from pulseinfer.errors import UsageError, usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -36,15 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    torch = import_torch()
     from engine.bench import format_table, run_bench
 
-    try:
-        settings = _settings(args, torch)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    settings = _settings(args, torch)
     threads = args.threads or (1 if settings.device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
@@ -58,19 +51,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace, torch):
-    """BenchSettings from the arguments. Raises ValueError naming the bad argument."""
+    """BenchSettings from the arguments. Raises UsageError naming the bad argument."""
     import dataclasses
 
     from engine.bench import BenchSettings, quick_settings
 
     check_out_folder(args.out)
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads}: must be >= 1")
+        raise UsageError(f"--threads {args.threads}: must be >= 1")
     device = resolve_device(args.device, torch)
-    settings = quick_settings(device) if args.quick else BenchSettings(device=device)
-    settings = dataclasses.replace(settings, seed=args.seed)
-    if args.repeats is not None:
-        settings = dataclasses.replace(settings, repeats=args.repeats)
+    with usage_errors():  # BenchSettings checks its fields (repeats >= 1, ...)
+        settings = quick_settings(device) if args.quick else BenchSettings(device=device)
+        settings = dataclasses.replace(settings, seed=args.seed)
+        if args.repeats is not None:
+            settings = dataclasses.replace(settings, repeats=args.repeats)
     return settings
 
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.errors import UsageError, flag_names, usage_errors
+from pulseinfer.progress import Bar
 
-EXIT_BAD_INPUT = 2
+# PlanConfig field or run_plan argument → the flag that sets it (sim.study.plan.PlanError names the field)
+FLAGS = {
+    "routers": "--routers",
+    "target_rate_per_s": "--target-rate",
+    "max_requests": "--max-requests",
+    "rel_tol": "--rel-tol",
+    "max_replicas": "--max-replicas",
+    "jobs": "--jobs",
+}
 
 EPILOG = """\
 For each hardware × policy: the highest request rate one replica sustains under the SLO, found by
@@ -57,25 +66,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.config import ScenarioError
-    from sim.serving.kv import CapacityError
     from sim.study.plan import check_plan, run_plan
 
-    try:
-        cfg = _config(args)
-        check_plan(cfg)
-        check_out_folder(args.out)
-        args.out.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        with _Progress(len(cfg.hardware) * len(cfg.policies), args.no_progress) as bar:
-            table = run_plan(cfg, args.jobs, on_sim=bar.on_sim, on_cell=bar.on_cell)
-        table.to_csv(args.out / "plan.csv", index=False)
-    except (ScenarioError, CapacityError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"error: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    cfg = _config(args)
+    with flag_names(FLAGS):
+        check_plan(cfg, args.jobs)
+    check_out_folder(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar:
+        table = run_plan(
+            cfg,
+            args.jobs,
+            on_sim=lambda hardware, policy, what, met: bar.note(
+                f"{hardware}/{policy}: {what} {'ok' if met else 'miss'}"
+            ),
+            on_cell=lambda hardware, policy: bar.advance(),
+        )
+    table.to_csv(args.out / "plan.csv", index=False)
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
     print(format_plan(table))
     print(f"\nwrote {args.out / 'plan.csv'}")
@@ -83,24 +91,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace):
-    from sim.config.loader import DEFAULT_SCENARIO, load_card, load_scenario
+    from sim.config.loader import DEFAULT_SCENARIO, load_scenario
     from sim.study.plan import PlanConfig
     from sim.study.slo import parse_slo, slo_from_scenario
 
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)
-    slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
-    hardware = _names(args.hardware, "--hardware") if args.hardware else [base.hardware.name]
-    for name in hardware if args.hardware else []:
-        load_card("hardware", name)  # unknown card: ScenarioError listing the shipped ones
-    policies = _names(args.policies, "--policies") if args.policies else list(base.policies)
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    with usage_errors():  # parse_slo's messages name --slo
+        slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
     return PlanConfig(
         scenario=str(scenario),
         slo=slo,
-        hardware=tuple(hardware),
-        policies=tuple(policies),
+        hardware=tuple(_names(args.hardware, "--hardware") if args.hardware else [base.hardware.name]),
+        policies=tuple(_names(args.policies, "--policies") if args.policies else base.policies),
         overrides=tuple(args.overrides),
         target_rate_per_s=args.target_rate,
         routers=tuple(_names(args.routers, "--routers")),
@@ -115,7 +118,7 @@ def _config(args: argparse.Namespace):
 def _names(text: str, flag: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise ValueError(f"{flag}: expected comma-separated names, got {text!r}")
+        raise UsageError(f"{flag}: expected comma-separated names, got {text!r}")
     return names
 
 
@@ -128,35 +131,9 @@ def _prices(text: str) -> dict[str, float]:
         except ValueError:
             price = math.nan
         if not (math.isfinite(price) and price > 0):
-            raise ValueError(f"--gpu-hour-usd {card.strip()}: expected CARD=PRICE with a positive price, got {item!r}")
+            raise UsageError(f"--gpu-hour-usd {card.strip()}: expected CARD=PRICE with a positive price, got {item!r}")
         prices[card.strip()] = price
     return prices
-
-
-class _Progress:
-    """A tqdm bar over cells; its postfix shows each simulation (serial runs only). ``hidden`` shows nothing."""
-
-    def __init__(self, num_cells: int, hidden: bool) -> None:
-        self.num_cells, self.hidden, self.bar = num_cells, hidden, None
-
-    def __enter__(self):
-        if not self.hidden:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.num_cells, desc="plan", unit="cell", file=sys.stderr)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-    def on_sim(self, hardware: str, policy: str, what: str, met: bool) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{hardware}/{policy}: {what} {'ok' if met else 'miss'}")
-
-    def on_cell(self, hardware: str, policy: str) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
 
 
 def format_plan(table) -> str:

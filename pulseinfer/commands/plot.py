@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
+from pulseinfer.errors import UsageError, usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,23 +29,20 @@ def add_format_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_format_arguments(args: argparse.Namespace) -> tuple[str, ...]:
-    """The ``--format`` list, validated with ``--dpi``; ValueError with a one-line message otherwise."""
+    """The ``--format`` list, validated with ``--dpi``; UsageError with a one-line message otherwise."""
     from plots.render import parse_formats
 
     if args.dpi < 1:
-        raise ValueError(f"--dpi {args.dpi}: expected a positive integer")
-    return parse_formats(args.format)
+        raise UsageError(f"--dpi {args.dpi}: expected a positive integer")
+    with usage_errors():  # parse_formats' message names --format
+        return parse_formats(args.format)
 
 
 def run(args: argparse.Namespace) -> int:
     from plots.render import plot_results
 
     out = args.out or args.results_dir / "plots"
-    try:
-        formats = check_format_arguments(args)
-        written = plot_results(args.results_dir, out, formats, dpi=args.dpi)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    formats = check_format_arguments(args)
+    written = plot_results(args.results_dir, out, formats, dpi=args.dpi)  # OSError for a bad RESULTS_DIR
     print(f"{len(written)} figure file(s) in {out}/")
     return 0

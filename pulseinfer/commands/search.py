@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
+from pulseinfer.progress import Bar
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
+# run_search argument or SearchConfig field → the flag that sets it (sim.study.search.SearchError names the field)
+FLAGS = {"total_trials": "--trials", "jobs": "--jobs", "study_name": "--study"}
 
 EPILOG = """\
 The space file names dotted scenario keys with {low, high[, log, step]} or {choices: [...]}; the
@@ -76,23 +78,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.config import ScenarioError
-    from sim.serving.kv import CapacityError
-    from sim.study.search import StudyMismatch, collect_results, run_search
-    from sim.study.space import SpaceError
+    from sim.study.search import check_run_args, collect_results, run_search
 
-    try:
+    with flag_names(FLAGS):
+        check_run_args(args.trials, args.jobs)  # before the scenario loads and OUT is made
         cfg = _config(args)
         started = time.perf_counter()
-        with _progress(args.trials, args.no_progress) as on_progress:
-            study = run_search(cfg, args.trials, args.jobs, on_progress=on_progress)
-        result = collect_results(study, cfg, args.out)
-    except (ScenarioError, SpaceError, StudyMismatch, CapacityError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"error: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        with Bar(args.trials, "trials", "trial", hidden=args.no_progress) as bar:
+            study = run_search(cfg, args.trials, args.jobs, on_progress=bar.reach)
+    result = collect_results(study, cfg, args.out)
     _print_report(cfg, result, time.perf_counter() - started)
     if result.best is None:
         print("error: no trial completed; see the error column of trials.csv", file=sys.stderr)
@@ -107,11 +101,10 @@ def _config(args: argparse.Namespace):
     from sim.study.slo import parse_slo, slo_from_scenario
     from sim.study.space import check_space, load_space
 
-    if args.trials < 1 or args.jobs < 1:
-        raise ValueError(f"--trials ({args.trials}) and --jobs ({args.jobs}) must be >= 1")
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)
-    slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
+    with usage_errors():  # parse_slo's messages name --slo
+        slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
     check_out_folder(args.out)
@@ -121,7 +114,7 @@ def _config(args: argparse.Namespace):
         open_storage(storage)
     except Exception as exc:  # noqa: BLE001 -- drivers raise many types; all mean "cannot open"
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
+        raise UsageError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
     return SearchConfig(
         scenario=str(scenario),
         space=space,
@@ -132,31 +125,6 @@ def _config(args: argparse.Namespace):
         overrides=tuple(args.overrides),
         seed=args.seed,
     )
-
-
-class _progress:
-    """Context manager yielding ``on_progress(num_finished)`` that drives a tqdm bar (or nothing)."""
-
-    def __init__(self, total: int, hidden: bool) -> None:
-        self.total, self.hidden, self.bar = total, hidden, None
-
-    def __enter__(self):
-        if self.hidden:
-            return None
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.total, desc="trials", unit="trial", file=sys.stderr)
-
-        def on_progress(n: int) -> None:
-            if min(n, self.total) != self.bar.n:
-                self.bar.n = min(n, self.total)
-                self.bar.refresh()
-
-        return on_progress
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _print_report(cfg, result, wall_s: float) -> None:

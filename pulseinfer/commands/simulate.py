@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder, plot
-
-EXIT_BAD_INPUT = 2
+from pulseinfer.progress import TaskBars
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,34 +32,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.config import ScenarioError, load_scenario
+    from sim.config import load_scenario
     from sim.metrics.report import format_summary
     from sim.run import simulate, with_ratios
-    from sim.serving.kv import CapacityError
     from traces import trace_notes
 
-    out = args.out
-    try:
-        formats = plot.check_format_arguments(args) if args.plots else ()
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        scenario = load_scenario(args.scenario, args.overrides)
-        out = out or Path("results") / scenario.name
-        check_out_folder(out)  # fail before simulating, not after
-        started = time.perf_counter()
-        progress = None if args.no_progress or not scenario.run.progress else _tqdm_progress
+    formats = plot.check_format_arguments(args) if args.plots else ()
+    scenario = load_scenario(args.scenario, args.overrides)
+    out = args.out or Path("results") / scenario.name
+    check_out_folder(out)  # fail before simulating, not after
+    started = time.perf_counter()
+    with TaskBars("req", hidden=args.no_progress or not scenario.run.progress) as progress:
         result = simulate(scenario, progress=progress)
-        wall_s = time.perf_counter() - started
-        result.write(out)
-    except (ScenarioError, CapacityError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        where = exc.filename or out
-        print(f"error: {where}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    wall_s = time.perf_counter() - started
+    result.write(out)
     n = len(result.workload)
     noun = "request" if n == 1 else "requests"
     print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} {noun}, seed {scenario.seed}")
@@ -73,16 +57,3 @@ def run(args: argparse.Namespace) -> int:
         args.results_dir, args.out = out, out / "plots"
         return plot.run(args)
     return 0
-
-
-def _tqdm_progress(policy: str, total: int):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=f"{policy:>10}", unit="req", file=sys.stderr, leave=True)
-
-    def on_finish(_req: object) -> None:
-        bar.update(1)
-        if bar.n >= total:
-            bar.close()
-
-    return on_finish

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
-EXIT_BAD_INPUT = 2
+from pulseinfer.errors import UsageError
+
 _INDENT = "  "
 
 
@@ -49,16 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import traces
 
-    try:
-        columns = _parse_columns(args.columns)
-        names = args.traces or list(traces.SHIPPED_TRACES)
-        blocks = []
-        for name in names:
-            df = traces.load_trace(name, args.trace_format, columns=columns, week=args.week)
-            blocks.append(format_stats(name, df, traces.trace_stats(df), traces.trace_notes(df)))
-    except (traces.TraceError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    columns = _parse_columns(args.columns)
+    names = args.traces or list(traces.SHIPPED_TRACES)
+    blocks = []
+    for name in names:
+        df = traces.load_trace(name, args.trace_format, columns=columns, week=args.week)
+        blocks.append(format_stats(name, df, traces.trace_stats(df), traces.trace_notes(df)))
     print("\n\n".join(blocks))
     return 0
 
@@ -107,13 +103,13 @@ def _duration(span_s: float) -> str:
 
 
 def _parse_columns(text: str | None) -> dict[str, str] | None:
-    """``arrival=ts,prompt_tokens=in,...`` as a dict; ValueError naming the bad item."""
+    """``arrival=ts,prompt_tokens=in,...`` as a dict; UsageError naming the bad item."""
     if text is None:
         return None
     mapping: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"--columns: expected KEY=VALUE items separated by commas, got {item!r}")
+            raise UsageError(f"--columns: expected KEY=VALUE items separated by commas, got {item!r}")
         mapping[key.strip()] = value.strip()
     return mapping

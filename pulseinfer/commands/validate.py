@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
-
-EXIT_BAD_INPUT = 2
+from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.progress import Bar
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,70 +42,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        torch = import_torch()
-        from calibrate.validate import ValidationWorkload, validate
-        from sim.config.profiles import load_profile
+    torch = import_torch()
+    from calibrate.validate import speed_drift, validate
+    from sim.config.profiles import load_profile
 
-        profile = load_profile(args.profile)
-        missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
-        if missing:
-            raise ValueError(f"--profile {args.profile}: has no {', '.join(missing)}; run `pulseinfer calibrate` first")
-        device = resolve_device(args.device or str(profile.metadata.get("device") or "") or None, torch)
-        check_out_folder(args.out)
-        if args.repeats < 1:
-            raise ValueError(f"--repeats {args.repeats}: must be >= 1")
-        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-        from calibrate.harness import ENGINE_POLICIES
-
-        unknown = [p for p in policies if p not in ENGINE_POLICIES]
-        if unknown or not policies:
-            raise ValueError(f"--policy {args.policy!r}: expected names from {', '.join(ENGINE_POLICIES)}")
-        default = ValidationWorkload()
-        contexts = int_list(args.contexts, "--contexts") if args.contexts else default.contexts
-        outputs = int_list(args.output_tokens, "--output-tokens", 2) if args.output_tokens else None
-        if outputs is None:
-            outputs = default.output_tokens if len(contexts) == len(default.contexts) else (64,) * len(contexts)
-        if len(outputs) == 1:
-            outputs = outputs * len(contexts)
-        workload = ValidationWorkload(contexts, outputs)
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads {args.threads}: must be >= 1")
-        threads = args.threads or int(profile.metadata.get("threads") or 1)
-        torch.set_num_threads(threads)
-    except (ImportError, ValueError) as exc:  # ScenarioError and ProfileError are ValueErrors
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from tqdm import tqdm
-
-    from calibrate.validate import speed_drift
-    from sim.serving.kv import CapacityError
-
+    profile = load_profile(args.profile)
+    missing = [k for k in ("hardware", "model", "compute") if getattr(profile, k) is None]
+    if missing:
+        raise UsageError(f"--profile {args.profile}: has no {', '.join(missing)}; run `pulseinfer calibrate` first")
+    device = resolve_device(args.device or str(profile.metadata.get("device") or "") or None, torch)
+    check_out_folder(args.out)
+    policies, workload = _policies_and_workload(args)
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be >= 1")
+    torch.set_num_threads(args.threads or int(profile.metadata.get("threads") or 1))
     started = time.perf_counter()
     drift = speed_drift(profile, device, seed=args.seed)
-    try:
-        with tqdm(total=len(policies), desc="validate", unit="policy", file=sys.stderr) as bar:
-
-            def step(name: str) -> None:
-                if bar.postfix:  # the previous policy is done
-                    bar.update(1)
-                bar.set_postfix_str(name)
-
-            table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=step)
-            bar.update(bar.total - bar.n)
-    except (ValueError, CapacityError) as exc:  # the simulator refused the profile: before any engine run
-        print(f"error: --profile {args.profile}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "validation.csv", index=False)
-    steps.to_csv(args.out / "validation_steps.csv", index=False)
-    from plots import validation_steps
-
-    fig = validation_steps(steps)
-    fig.savefig(args.out / "validation_steps.png", dpi=120)
+    # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors) before any engine run
+    with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
+        table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage)
+    _write(args.out, table, steps)
+    contexts = workload.contexts
     print(
         f"\n{profile.model.name} on {device}: {len(contexts)} requests, contexts {min(contexts)}-{max(contexts)} "
         f"tokens, {args.repeats} engine runs per policy, {time.perf_counter() - started:.0f} s"
@@ -120,3 +76,35 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"\ntables and plot in {args.out}/ (validation.csv, validation_steps.csv, validation_steps.png)")
     return 0
+
+
+def _policies_and_workload(args: argparse.Namespace):
+    """The ``--policy`` names and the ValidationWorkload of ``--contexts``/``--output-tokens``. Raises UsageError."""
+    from calibrate.harness import ENGINE_POLICIES
+    from calibrate.validate import ValidationWorkload
+
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: must be >= 1")
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in ENGINE_POLICIES]
+    if unknown or not policies:
+        raise UsageError(f"--policy {args.policy!r}: expected names from {', '.join(ENGINE_POLICIES)}")
+    default = ValidationWorkload()
+    contexts = int_list(args.contexts, "--contexts") if args.contexts else default.contexts
+    outputs = int_list(args.output_tokens, "--output-tokens", 2) if args.output_tokens else None
+    if outputs is None:
+        outputs = default.output_tokens if len(contexts) == len(default.contexts) else (64,) * len(contexts)
+    if len(outputs) == 1:
+        outputs = outputs * len(contexts)
+    with usage_errors():  # ValidationWorkload checks that the lists pair up
+        return policies, ValidationWorkload(contexts, outputs)
+
+
+def _write(out: Path, table, steps) -> None:
+    """validation.csv, validation_steps.csv and validation_steps.png into ``out``."""
+    from plots import validation_steps
+
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "validation.csv", index=False)
+    steps.to_csv(out / "validation_steps.csv", index=False)
+    validation_steps(steps).savefig(out / "validation_steps.png", dpi=120)

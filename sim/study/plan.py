@@ -49,6 +49,17 @@ PLAN_COLUMNS = [
 OnSim = Callable[[str, str, str, bool], None]
 
 
+class PlanError(ValueError):
+    """A bad plan setting; ``field`` names the :class:`PlanConfig` field or ``run_plan`` argument."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self):  # keep ``field`` when a worker process sends the error back
+        return type(self), (str(self), self.field)
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """What to plan. ``overrides`` are the user's ``--set`` items; the SLO's are added per run."""
@@ -214,24 +225,27 @@ class CellPlanner:
         return hi, summaries[hi]
 
 
-def check_plan(cfg: PlanConfig) -> None:
+def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
     """Fail fast, before any simulation: every cell's scenario loads and its model fits on its hardware.
 
     Raises:
         ScenarioError: bad scenario, override, hardware card or policy name.
         CapacityError: the model does not fit on one of the hardware cards.
-        ValueError: a bad router, ``max_requests``, ``rel_tol``, ``max_replicas`` or target rate.
+        PlanError: a bad ``routers``, ``target_rate_per_s``, ``max_requests``, ``rel_tol``, ``max_replicas`` or
+            ``jobs`` (its ``field`` names which).
     """
-    bad_routers = [r for r in cfg.routers if r not in ROUTERS]
-    if bad_routers or not cfg.routers:
-        raise ValueError(f"--routers: unknown {bad_routers or cfg.routers!r} (known: {', '.join(ROUTERS)})")
-    if cfg.target_rate_per_s is not None and not cfg.target_rate_per_s > 0:
-        raise ValueError(f"--target-rate: must be > 0, got {cfg.target_rate_per_s}")
-    if (cfg.max_requests is not None and cfg.max_requests < 2) or not cfg.rel_tol > 0 or cfg.max_replicas < 1:
-        raise ValueError(
-            f"--max-requests ({cfg.max_requests}) must be >= 2, --rel-tol ({cfg.rel_tol}) > 0 and "
-            f"--max-replicas ({cfg.max_replicas}) >= 1"
-        )
+    if not cfg.routers or any(r not in ROUTERS for r in cfg.routers):
+        raise PlanError(f"routers must be names from {', '.join(ROUTERS)}, got {list(cfg.routers)!r}", "routers")
+    bounds = [
+        ("target_rate_per_s", cfg.target_rate_per_s, "> 0", cfg.target_rate_per_s is None or cfg.target_rate_per_s > 0),
+        ("max_requests", cfg.max_requests, ">= 2", cfg.max_requests is None or cfg.max_requests >= 2),
+        ("rel_tol", cfg.rel_tol, "> 0", cfg.rel_tol > 0),
+        ("max_replicas", cfg.max_replicas, ">= 1", cfg.max_replicas >= 1),
+        ("jobs", jobs, ">= 1", jobs >= 1),
+    ]
+    for name, value, expected, ok in bounds:
+        if not ok:
+            raise PlanError(f"{name} must be {expected}, got {value}", name)
     for hardware in cfg.hardware:
         for policy in cfg.policies:
             scenario = CellPlanner(cfg, hardware, policy).scenario(cfg.max_requests, None)

@@ -65,8 +65,19 @@ class InvalidTrial(ValueError):
     """The trial's parameters make an invalid scenario (or one that does not fit); the trial fails."""
 
 
-class StudyMismatch(ValueError):
-    """An existing study was created with other settings."""
+class SearchError(ValueError):
+    """A bad search setting; ``field`` names the :class:`SearchConfig` field or ``run_search`` argument."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self):  # keep ``field`` when a worker process sends the error back
+        return type(self), (str(self), self.field)
+
+
+class StudyMismatch(SearchError):
+    """An existing study was created with other settings (``field`` is ``study_name``)."""
 
 
 @dataclass(frozen=True)
@@ -150,14 +161,17 @@ def prepare_study(cfg: SearchConfig) -> optuna.Study:
     recorded = study.user_attrs.get(STUDY_ATTR)
     if recorded is None:
         if [d.name.lower() for d in study.directions] != directions:
-            raise StudyMismatch(f"--study {cfg.study_name}: exists with other directions; use another --study")
+            raise StudyMismatch(
+                f"study {cfg.study_name!r} exists with other directions; use another study_name", "study_name"
+            )
         study.set_user_attr(STUDY_ATTR, settings)
         return study
     for name, value in settings.items():
         if recorded.get(name) != value:
             raise StudyMismatch(
-                f"--study {cfg.study_name}: was created with another {name} "
-                f"({recorded.get(name)!r} vs {value!r}); resume with the same settings or use another --study"
+                f"study {cfg.study_name!r} was created with another {name} "
+                f"({recorded.get(name)!r} vs {value!r}); resume with the same settings or use another study_name",
+                "study_name",
             )
     return study
 
@@ -233,6 +247,13 @@ def run_worker(
             on_trial(num_finished(study))
 
 
+def check_run_args(total_trials: int, jobs: int) -> None:
+    """Raise SearchError (``field`` = the argument's name) unless ``total_trials`` and ``jobs`` are >= 1."""
+    for name, value in (("total_trials", total_trials), ("jobs", jobs)):
+        if value < 1:
+            raise SearchError(f"{name} must be >= 1, got {value}", name)
+
+
 def run_search(
     cfg: SearchConfig,
     total_trials: int,
@@ -247,10 +268,9 @@ def run_search(
 
     Raises:
         StudyMismatch: resuming a study made with other settings.
-        ValueError: ``total_trials`` or ``jobs`` < 1.
+        SearchError: ``total_trials`` or ``jobs`` < 1 (see :func:`check_run_args`).
     """
-    if total_trials < 1 or jobs < 1:
-        raise ValueError(f"--trials ({total_trials}) and --jobs ({jobs}) must be >= 1")
+    check_run_args(total_trials, jobs)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = prepare_study(cfg)
     existing = len(study.get_trials(deepcopy=False))
