@@ -78,7 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.search import check_run_args, collect_results, run_search
+    from sim.study.search import check_run_args, run_search
+    from sim.study.search_results import collect_results
 
     with flag_names(FLAGS):
         check_run_args(args.trials, args.jobs)  # before the scenario loads and OUT is made

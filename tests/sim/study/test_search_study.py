@@ -11,7 +11,8 @@ import pytest
 from pulseinfer.cli import main
 from sim.config import load_scenario
 from sim.run import simulate
-from sim.study.search import StudyMismatch, collect_results, pareto_front, run_search
+from sim.study.search import StudyMismatch, run_search
+from sim.study.search_results import collect_results, pareto_front
 from sim.study.slo import TailSlo
 from sim.study.space import parse_space
 
