@@ -12,7 +12,7 @@ Lifecycle of ``run_search(cfg, total_trials, jobs)``:
    once with the scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric
    as a user attribute. Objective: ``goodput`` (requests/s meeting the per-request SLO), ``throughput``
    (decode tokens/s), or ``pareto`` (maximise decode tokens/s, minimise TPOT p99). Constraints:
-   :meth:`sim.slo.TailSlo.violations` (<= 0 is feasible). A parameter combination the scenario rejects
+   :meth:`sim.study.slo.TailSlo.violations` (<= 0 is feasible). A parameter combination the scenario rejects
    fails the trial (state ``FAIL``, ``error`` column) and the sampler moves on.
 4. :func:`sim.study.search_results.collect_results` turns the study into ``trials.csv`` (one row per
    trial), ``pareto.csv`` (feasible trials not dominated in (decode tokens/s up, TPOT p99 down)) and ``best.yaml``.

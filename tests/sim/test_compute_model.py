@@ -1,4 +1,4 @@
-"""sim.compute.ComputeModel: the decode roofline per layer, MoE expert coverage and prefill FLOPs."""
+"""sim.step.compute.ComputeModel: the decode roofline per layer, MoE expert coverage and prefill FLOPs."""
 
 from __future__ import annotations
 
