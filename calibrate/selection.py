@@ -3,8 +3,8 @@
 Flow of `run_selection_calibration` (behind ``pulseinfer calibrate selection``):
   1. Load SmolLM2-135M (engine/weights.py) unless a `LoadedModel` is given; take the first
      context_tokens + steps tokens of the shipped text (engine/text.py).
-  2. One dense prefill and one teacher-forced pass (engine.accuracy.teacher_forced_trace), then
-     engine.selection_stats.collect_selection_stats for every budget (SoloHead and head-wise sets of every
+  2. One dense prefill and one teacher-forced pass (calibrate.accuracy.teacher_forced_trace), then
+     calibrate.selection_stats.collect_selection_stats for every budget (SoloHead and head-wise sets of every
      layer and step, an LRU recall buffer).
   3. Fit the recall statistics at one budget (the middle one of ``budgets`` by default) with
      calibrate/selection_fit.py, and summarise every budget.
@@ -36,7 +36,7 @@ MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised, fp32)"
 class SelectionCalibration:
     """What `run_selection_calibration` measured and wrote."""
 
-    stats: pd.DataFrame  # engine.selection_stats.STATS_COLUMNS, every budget
+    stats: pd.DataFrame  # calibrate.selection_stats.STATS_COLUMNS, every budget
     recall_stats: dict  # valid for sim.specs.RecallStatsSpec, fitted at fit_budget
     summaries: dict[int, dict]  # budget_tokens -> calibrate.selection_fit.selection_summary
     fit_budget: int  # budget_tokens the recall_stats were fitted at
@@ -75,8 +75,8 @@ def run_selection_calibration(
     """
     import torch
 
-    from engine.accuracy import BlockLayout, teacher_forced_trace
-    from engine.selection_stats import collect_selection_stats
+    from calibrate.accuracy import DEFAULT_LAYOUT, teacher_forced_trace
+    from calibrate.selection_stats import collect_selection_stats
     from engine.text import corpus_tokens
 
     budgets = sorted(budgets)
@@ -86,7 +86,7 @@ def run_selection_calibration(
         from engine.weights import load_smollm2
 
         model = load_smollm2()
-    layout = BlockLayout()
+    layout = DEFAULT_LAYOUT
     tokens = corpus_tokens(model.tokenizer, context_tokens + steps).to(model.weights.embed.device)
     with torch.no_grad():
         trace = teacher_forced_trace(model.config, model.weights, tokens, context_tokens, layout)

@@ -1,4 +1,4 @@
-"""Selection statistics (engine/selection_stats.py's table) -> the simulator's ``recall_stats`` (no torch here).
+"""Selection statistics (calibrate/selection_stats.py's table) -> the simulator's ``recall_stats`` (no torch here).
 
 `fit_recall_stats` produces a dict that `sim.specs.RecallStatsSpec` accepts (DESIGN.md "Recall model",
 sim/recall.py):
@@ -127,7 +127,7 @@ def fit_recall_stats(df: pd.DataFrame, num_layers: int, working_set_steps: int =
     """Fit the simulator's recall statistics to one budget's selection statistics (module docstring).
 
     Args:
-        df: rows of engine.selection_stats.STATS_COLUMNS for one budget_tokens, layers 0..num_layers-1.
+        df: rows of calibrate.selection_stats.STATS_COLUMNS for one budget_tokens, layers 0..num_layers-1.
         num_layers: L of the measured model (depth of layer l is l / (L - 1)).
         working_set_steps: w; must equal the table's ``working_set_steps``.
 

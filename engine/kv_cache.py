@@ -28,17 +28,6 @@ from engine.pools import KVPool, make_pools
 from engine.summaries import BlockSummaries
 
 
-def check_resident_layout(block_size: int, sink_tokens: int, recent_tokens: int) -> None:
-    """Raise ValueError unless block_size >= 1 and sink and recent tokens are block multiples, recent >= one block."""
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size} must be >= 1")
-    for name, value in (("sink_tokens", sink_tokens), ("recent_tokens", recent_tokens)):
-        if value < 0 or value % block_size:
-            raise ValueError(f"{name}={value} must be a non-negative multiple of block_size={block_size}")
-    if recent_tokens < block_size:
-        raise ValueError(f"recent_tokens={recent_tokens} must be >= block_size={block_size}")
-
-
 @dataclass(frozen=True)
 class SparsePolicy:
     """What stays resident and how much is recalled; all token counts are per (request, layer)."""
@@ -49,9 +38,23 @@ class SparsePolicy:
     budget_tokens: int  # selected offloaded tokens attended per step; budget_blocks = budget_tokens // block_size
 
     def __post_init__(self) -> None:
-        check_resident_layout(self.block_size, self.sink_tokens, self.recent_tokens)
+        """Raises ValueError unless block_size >= 1, sink and recent tokens are block multiples with recent >= one
+        block, and budget_tokens >= 0."""
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        for name in ("sink_tokens", "recent_tokens"):
+            value = getattr(self, name)
+            if value < 0 or value % self.block_size:
+                raise ValueError(f"{name}={value} must be a non-negative multiple of block_size={self.block_size}")
+        if self.recent_tokens < self.block_size:
+            raise ValueError(f"recent_tokens={self.recent_tokens} must be >= block_size={self.block_size}")
         if self.budget_tokens < 0:
             raise ValueError(f"budget_tokens={self.budget_tokens} must be >= 0")
+
+    @property
+    def resident_tokens(self) -> int:
+        """Sink plus recent window: tokens always attended (per request and layer)."""
+        return self.sink_tokens + self.recent_tokens
 
     def is_resident(self, logical: int, num_blocks: int) -> bool:
         """Whether logical block `logical` of a request with `num_blocks` blocks stays on the device."""

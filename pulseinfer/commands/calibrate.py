@@ -122,9 +122,9 @@ def _run_selection(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
         check_out_folder(out)
         budgets = int_list(args.budgets, "--budgets", 16)
-        from engine.accuracy import BlockLayout
+        from calibrate.accuracy import DEFAULT_LAYOUT
 
-        layout = BlockLayout()
+        layout = DEFAULT_LAYOUT  # the SparsePolicy run_selection_calibration uses
         least = layout.resident_tokens + max(budgets) + layout.block_size
         if args.context < least:
             raise ValueError(

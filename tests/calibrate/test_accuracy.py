@@ -1,4 +1,4 @@
-"""Teacher-forced sparse-vs-dense accuracy (engine/accuracy.py) on the seeded tiny decoder, and once on SmolLM2."""
+"""Teacher-forced sparse-vs-dense accuracy (calibrate/accuracy/) on the seeded tiny decoder, and once on SmolLM2."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.accuracy import (  # noqa: E402
+from calibrate.accuracy import (  # noqa: E402
     ACCURACY_COLUMNS,
     ACCURACY_SELECTIONS,
     SHARED_SELECTIONS,
     AccuracySettings,
-    BlockLayout,
     attention_probs,
     block_masks,
     block_mass,
@@ -19,11 +18,12 @@ from engine.accuracy import (  # noqa: E402
     select_attended,
     teacher_forced_trace,
 )
+from engine.kv_cache import SparsePolicy  # noqa: E402
 from engine.model import DenseDecoder, init_weights, tiny_cpu_config  # noqa: E402
 from pulseinfer.cli import main  # noqa: E402
 
 CONTEXT, STEPS = 256, 6
-LAYOUT = BlockLayout(block_size=16, sink_tokens=16, recent_tokens=64)
+LAYOUT = SparsePolicy(block_size=16, sink_tokens=16, recent_tokens=64, budget_tokens=0)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_accuracy_command_without_smollm2_says_how_to_install(tmp_path, capsys, 
 
 
 def test_cli_default_steps_match_the_engine_default():
-    from engine.accuracy import DEFAULT_STEPS
+    from calibrate.accuracy import DEFAULT_STEPS
     from pulseinfer.commands import accuracy
 
     assert accuracy.DEFAULT_STEPS == DEFAULT_STEPS
