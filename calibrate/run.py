@@ -2,7 +2,7 @@
 
 Output folder::
 
-    copy.csv recall.csv compute.csv selection.csv matmul.csv   raw measurements (calibrate/bench.py)
+    copy.csv recall.csv compute.csv selection.csv matmul.csv   raw measurements (bench.py, bench_recall.py)
     metadata.yaml                                               device, torch version, pinned, commit, date, grid
     profile.yaml                                                the fitted profile (sim/profile.py) the simulator reads
 
@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from calibrate import bench, fit
+from calibrate.bench_recall import bench_recall
 from calibrate.harness import engine_policy
 from calibrate.scale import scaled_card
 from engine.model import DecoderConfig
@@ -175,9 +176,8 @@ def run_calibration(
     note("copy")
     copy = bench.bench_copy(grid.copy_sizes_bytes, grid.copy_buffer_bytes, grid.repeats, device)
     note("recall")
-    recall = bench.bench_recall(
-        grid.fragment_bytes, grid.fragment_counts, grid.host_pool_bytes, grid.repeats, device, settings.seed
-    )
+    points = [(f, n) for f in grid.fragment_bytes for n in grid.fragment_counts]
+    recall = bench_recall(points, grid.host_pool_bytes, grid.repeats, device, settings.seed)
     note("compute")
     compute = bench.bench_compute(
         config, grid.compute_batches, grid.compute_contexts, grid.compute_steps, device, settings.seed
