@@ -4,13 +4,13 @@ Per decode step (`decode_step`):
   1. `cache.prepare_step`: tails grow, blocks leaving the recent window are offloaded and summarised,
      the recall arena is allocated and the step's index tensors are built (once, for every layer).
   2. For each layer l:
-       a. q, k, v = projections of the layer input x_l; the new token's k, v go into its tail slot.
+       a. q, k, v = projections of the layer input x_l; the new token's k, v go into its tail block.
        b. Selection (Quest scores over the candidates' summaries, head-wise or SoloHead top-k) and
           recall of the selected blocks into the arena. Without prefetch: layer l, from q.
           With prefetch: layer 0 from its exact q, and layer l+1 from a query predicted from x_l, issued
           before layer l's attention so that, on CUDA, its copy (on the I/O stream) overlaps layer l's
           compute. Selection indices reach the host through a non-blocking copy and one event.
-       c. `io.wait(l)` (a stream-side wait), then sparse attention over resident + arena slots, the
+       c. `io.wait(l)` (a stream-side wait), then sparse attention over resident + arena blocks, the
           output projection and the MLP.
   3. `cache.finish_step` frees the arena; logits come from the last layer's output.
 
@@ -118,7 +118,7 @@ class OffloadedDecoder:
             self._recall(pending, st)
             self.io.wait(li)
             attn = sparse_decode_attention(
-                q, self.cache.device_pool.layers[li], st.attend_slots, st.attend_tokens, st.attend_counts
+                q, self.cache.device_pool.layers[li], st.attend_block_ids, st.attend_tokens, st.attend_counts
             )
             if self._attended:
                 self._attended[li].record()
@@ -152,7 +152,7 @@ class OffloadedDecoder:
             return _Selection(layer, host_ids, chosen, ready)
 
     def _recall(self, sel: _Selection | None, st: StepIndices) -> None:
-        """Turn a selection into fragments (arena slot i of request b takes its i-th pick) and recall them."""
+        """Turn a selection into fragments (arena block i of request b takes its i-th pick) and recall them."""
         if sel is None:
             return
         if sel.ready is not None:
