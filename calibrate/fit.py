@@ -82,6 +82,8 @@ def fastest(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class LinkFit:
+    """`fit_link`'s result: t(s) = latency + s / bandwidth, and the measured table."""
+
     latency_us: float
     bandwidth_gbps: float
     size_table: list[tuple[int, float]]  # (size_bytes, GB/s of the fastest copy)
@@ -115,6 +117,8 @@ def table_copy_s(size_table: list[tuple[int, float]], sizes: np.ndarray) -> np.n
 
 @dataclass(frozen=True)
 class GatherFit:
+    """`fit_gather`'s result: host gather time = N * fragment_us + bytes / gbps (one thread)."""
+
     fragment_us: float
     gbps: float
     mape_pct: float  # of the whole gather_scatter recall (gather + copy) against its measurement

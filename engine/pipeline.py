@@ -99,6 +99,7 @@ class OffloadedDecoder:
         return logits if self.cache.add_request(request_id, kv) else None
 
     def remove_request(self, request_id: int) -> None:
+        """Free every block of the request. Raises KeyError for an unknown request."""
         self.cache.remove_request(request_id)
 
     def decode_step(self, request_ids: list[int], tokens: torch.Tensor) -> torch.Tensor:
