@@ -140,7 +140,7 @@ def _recall_ios(
     ios = {mode: make_io(mode, host_pool, device_pool) for mode in RECALL_MODES}
     src = torch.randperm(num_host, generator=gen)[:max_count]
     dst = torch.randperm(max_count, generator=gen)
-    host_pool.layers[0][src] = torch.randn((max_count, *host_pool.block_shape), generator=gen).to(DTYPE)
+    host_pool.layers[0][src] = torch.randn((max_count, *host_pool.block_shape), generator=gen, dtype=DTYPE)
     dst_dev = dst.to(device_pool.device)
     results = []
     for io in ios.values():
