@@ -8,6 +8,9 @@
 | ``bench_selection`` | ``selection.csv``| batch_size, candidate_blocks, repeat, seconds                            |
 | ``bench_matmul``    | ``matmul.csv``   | size, repeat, seconds, tflops                                            |
 
+``bench_recall`` lives in calibrate/bench_recall.py, the one recall microbenchmark (``pulseinfer engine-bench``
+summarises the same measurement).
+
 What each measures (all times from issue to completion; ``torch.cuda.synchronize`` around each sample on a
 GPU, ``perf_counter_ns`` on a CPU):
 
@@ -15,7 +18,7 @@ GPU, ``perf_counter_ns`` on a CPU):
   buffer far larger than the caches, so each copy reads cold memory, as a recall of blocks does. On a CPU
   the "device" is a second host tensor.
 * recall: the engine's ``per_fragment`` and ``gather_scatter`` I/O (engine/io.py) moving ``num_fragments``
-  random host blocks of ``fragment_bytes`` into random device slots, both modes on the same blocks,
+  random host blocks of ``fragment_bytes`` into random device blocks, both modes on the same blocks,
   interleaved.
 * compute: decode steps of the engine's ``OffloadedDecoder`` with every block resident (calibrate/harness.py)
   for each (batch, context) point, round-robin over the points; ``layer_s`` is the median per-layer span of
@@ -40,18 +43,12 @@ import pandas as pd
 import torch
 
 from calibrate.harness import EnginePolicy, build_decoder, timed_step
-from engine.io import make_io
 from engine.model import DecoderConfig, init_weights, project_query
-from engine.pools import make_pools
 
 COPY_COLUMNS = ["size_bytes", "repeat", "seconds"]
-RECALL_COLUMNS = ["mode", "fragment_bytes", "num_fragments", "recall_bytes", "repeat", "seconds"]
 COMPUTE_COLUMNS = ["batch_size", "context_tokens", "attended_tokens", "repeat", "layer_s", "head_s"]
 SELECTION_COLUMNS = ["batch_size", "candidate_blocks", "repeat", "seconds"]
 MATMUL_COLUMNS = ["size", "repeat", "seconds", "tflops"]
-_FRAG_HEAD_DIM = 128
-_FRAG_DTYPE = torch.bfloat16
-_FRAG_TOKEN_BYTES = 2 * _FRAG_HEAD_DIM * _FRAG_DTYPE.itemsize  # K and V of one head: 512 B
 
 
 def _sync(cuda: bool) -> None:
@@ -146,45 +143,6 @@ def bench_copy(sizes: Iterable[int], buffer_bytes: int, repeats: int, device: st
             if repeat:
                 rows.append((size, repeat - 1, seconds))
     return pd.DataFrame(rows, columns=COPY_COLUMNS)
-
-
-def bench_recall(
-    fragment_bytes: Iterable[int], counts: Iterable[int], host_pool_bytes: int, repeats: int, device: str, seed: int = 0
-) -> pd.DataFrame:
-    """``per_fragment`` and ``gather_scatter`` recall of the same random blocks, interleaved.
-
-    Geometry: one KV head of 128 bf16 channels per block, so a block is one fragment of
-    ``fragment_bytes`` (block_size = fragment_bytes / 512 tokens), as in engine/bench.py.
-
-    Raises:
-        ValueError: if a fragment size is not a multiple of 512 bytes or the pool is too small.
-    """
-    cuda = torch.device(device).type == "cuda"
-    gen = torch.Generator().manual_seed(seed)
-    counts = sorted(counts)
-    rows = []
-    for frag in fragment_bytes:
-        if frag % _FRAG_TOKEN_BYTES:
-            raise ValueError(f"fragment_bytes {frag} must be a multiple of {_FRAG_TOKEN_BYTES}")
-        num_host = host_pool_bytes // frag
-        if num_host < 2 * counts[-1]:
-            raise ValueError(
-                f"host_pool_bytes={host_pool_bytes} holds {num_host} blocks of {frag} B; need 2x {counts[-1]}"
-            )
-        device_pool, host_pool = make_pools(
-            1, counts[-1], num_host, frag // _FRAG_TOKEN_BYTES, 1, _FRAG_HEAD_DIM, _FRAG_DTYPE, device
-        )
-        ios = {mode: make_io(mode, host_pool, device_pool) for mode in ("per_fragment", "gather_scatter")}
-        for repeat in range(repeats + 1):
-            for n in counts:
-                src = torch.randperm(num_host, generator=gen)[:n]
-                dst = torch.randperm(device_pool.num_blocks, generator=gen)[:n]
-                for mode, io in ios.items():
-                    seconds = timed(lambda io=io, s=src, d=dst: (io.recall(0, s, d), io.wait(0)), cuda)
-                    if repeat:
-                        rows.append((mode, frag, n, n * frag, repeat - 1, seconds))
-        del device_pool, host_pool, ios
-    return pd.DataFrame(rows, columns=RECALL_COLUMNS)
 
 
 def bench_compute(

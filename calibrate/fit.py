@@ -1,4 +1,4 @@
-"""Fits: raw microbenchmark tables (calibrate/bench.py) → the parameters of a profile (sim/profile.py).
+"""Fits: raw microbenchmark tables (calibrate/bench.py) → the parameters of a profile (sim/config/profiles.py).
 
 Pure numpy and pandas (no torch), so fits can be re-run, and tested, without the engine. Every fit takes
 the fastest of each point's repeats (contention on a shared machine only ever adds time, so the minimum is
@@ -18,7 +18,7 @@ search over which coefficients are free; at most three). Each reports its MAPE: 
 
 ``fit_gather`` fits what gather-scatter costs beyond one coalesced copy of its bytes (the measured
 gather_scatter time minus the link model's copy time for those bytes), because the simulator charges a
-gather-scatter recall as host gather plus one copy (sim/link.py).
+gather-scatter recall as host gather plus one copy (sim/step/link.py).
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def fastest(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class LinkFit:
+    """`fit_link`'s result: t(s) = latency + s / bandwidth, and the measured table."""
+
     latency_us: float
     bandwidth_gbps: float
     size_table: list[tuple[int, float]]  # (size_bytes, GB/s of the fastest copy)
@@ -107,7 +109,7 @@ def fit_link(copy: pd.DataFrame) -> LinkFit:
 
 
 def table_copy_s(size_table: list[tuple[int, float]], sizes: np.ndarray) -> np.ndarray:
-    """Copy seconds of each size from a (size_bytes, GB/s) table, by the simulator's own rule (sim/link.py)."""
+    """Copy seconds of each size from a (size_bytes, GB/s) table, by the simulator's own rule (sim/step/link.py)."""
     log_sizes = np.log([s for s, _ in size_table])
     bps = np.array([g * 1e9 for _, g in size_table])
     return link.table_copy_s(np.asarray(sizes, dtype=float), log_sizes, bps)
@@ -115,6 +117,8 @@ def table_copy_s(size_table: list[tuple[int, float]], sizes: np.ndarray) -> np.n
 
 @dataclass(frozen=True)
 class GatherFit:
+    """`fit_gather`'s result: host gather time = N * fragment_us + bytes / gbps (one thread)."""
+
     fragment_us: float
     gbps: float
     mape_pct: float  # of the whole gather_scatter recall (gather + copy) against its measurement

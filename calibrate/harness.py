@@ -42,7 +42,7 @@ class EnginePolicy:
     name: str
     resident: bool  # every block stays on the device (dense)
     selection: str = "solohead"
-    io_mode: str = "gather_scatter"
+    io: str = "gather_scatter"
     block_size: int = 16
     sink_tokens: int = 128
     recent_tokens: int = 512
@@ -55,7 +55,7 @@ class EnginePolicy:
         return {
             "kind": "offload",
             "selection": self.selection,
-            "io": self.io_mode,
+            "io": self.io,
             "block_size": self.block_size,
             "budget_tokens": self.budget_tokens,
             "sink_tokens": self.sink_tokens,
@@ -72,7 +72,7 @@ class EnginePolicy:
 ENGINE_POLICIES = {
     "sglang": EnginePolicy("sglang", resident=True),
     "pulseinfer": EnginePolicy("pulseinfer", resident=False),
-    "headwise": EnginePolicy("headwise", resident=False, selection="headwise", io_mode="per_fragment"),
+    "headwise": EnginePolicy("headwise", resident=False, selection="headwise", io="per_fragment"),
 }
 
 
@@ -128,7 +128,7 @@ def build_decoder(
     weights = weights if weights is not None else init_weights(config, seed=seed, device=device)
     timer = Timer(device, enabled=True)
     decoder = OffloadedDecoder(
-        config, weights, sp, num_device, num_host, selection=policy.selection, io_mode=policy.io_mode,
+        config, weights, sp, num_device, num_host, selection=policy.selection, io=policy.io,
         prefetch=True, device=device, timer=timer,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(seed + 1)

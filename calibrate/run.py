@@ -2,9 +2,9 @@
 
 Output folder::
 
-    copy.csv recall.csv compute.csv selection.csv matmul.csv   raw measurements (calibrate/bench.py)
+    copy.csv recall.csv compute.csv selection.csv matmul.csv   raw measurements (bench.py, bench_recall.py)
     metadata.yaml                                               device, torch version, pinned, commit, date, grid
-    profile.yaml                                                the fitted profile (sim/profile.py) the simulator reads
+    profile.yaml                                                the fitted profile (sim/config/profiles.py)
 
 Hardware fields of the profile that are not measured here take documented stand-ins (``hardware_card``):
 on a CPU the "device" is host memory (half the machine's RAM is offered as its "HBM"), and its copies run
@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from calibrate import bench, fit
+from calibrate.bench_recall import bench_recall
 from calibrate.harness import engine_policy
 from calibrate.scale import scaled_card
 from engine.model import DecoderConfig
@@ -49,6 +50,7 @@ class CalibrationSettings:
     seed: int = 0
 
     def resolved_device(self) -> str:
+        """``device``, or "cuda" when None and torch sees one, else "cpu"."""
         if self.device is not None:
             return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,6 +84,7 @@ def git_commit() -> str:
 
 
 def device_name(device: str) -> str:
+    """The GPU's name for a CUDA device, else the CPU model name (/proc/cpuinfo, then platform)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(torch.device(device))
     try:
@@ -155,6 +158,9 @@ def run_calibration(
         grid: the points to measure (default: quick or full grid for the device).
         progress: called with a stage name as each stage starts.
 
+    Returns:
+        The fitted profile, as written to ``out_dir/profile.yaml``.
+
     Raises:
         ValueError: unknown or MoE model card, bad scale or layers.
         ScenarioError: unknown model card name.
@@ -171,54 +177,11 @@ def run_calibration(
     out_dir.mkdir(parents=True, exist_ok=True)
     note = progress or (lambda stage: None)
     started = dt.datetime.now(dt.timezone.utc)
-
-    note("copy")
-    copy = bench.bench_copy(grid.copy_sizes_bytes, grid.copy_buffer_bytes, grid.repeats, device)
-    note("recall")
-    recall = bench.bench_recall(
-        grid.fragment_bytes, grid.fragment_counts, grid.host_pool_bytes, grid.repeats, device, settings.seed
-    )
-    note("compute")
-    compute = bench.bench_compute(
-        config, grid.compute_batches, grid.compute_contexts, grid.compute_steps, device, settings.seed
-    )
-    note("selection")
-    selection = bench.bench_selection(
-        config,
-        engine_policy("pulseinfer"),
-        grid.selection_batches,
-        grid.selection_contexts,
-        grid.repeats,
-        device,
-        settings.seed,
-    )
-    note("matmul")
-    matmul = bench.bench_matmul(grid.matmul_size, config.dtype, grid.repeats, device)
-    tables = {"copy": copy, "recall": recall, "compute": compute, "selection": selection, "matmul": matmul}
+    tables = measure(grid, config, device, settings.seed, note)
     for name, table in tables.items():
         table.to_csv(out_dir / f"{name}.csv", index=False)
-
     note("fit")
-    link = fit.fit_link(copy)
-    gather = fit.fit_gather(recall, link.size_table)
-    compute_fit = fit.fit_compute(compute, card.name)
-    selection_fit = fit.fit_selection(selection)
-    kv_gbps = (
-        card.kv_bytes_per_token_per_layer / (compute_fit.layer_per_token_ns * 1e-9) / 1e9
-        if compute_fit.layer_per_token_ns
-        else 1e3
-    )
-    # One measured grid point (middle batch, middle context) kept so `validate` can re-measure it and report how
-    # much faster or slower the machine runs than during calibration (calibrate/validate.py speed_drift). Not the
-    # largest point: on this project's VMs its layer time varied up to 2x between processes minutes apart (the
-    # memory behind a fresh multi-hundred-MB pool, it seems), which says nothing about the machine's speed.
-    ref_batch = sorted(grid.compute_batches)[len(grid.compute_batches) // 2]
-    ref_context = sorted(grid.compute_contexts)[len(grid.compute_contexts) // 2]
-    at_ref = compute[(compute["batch_size"] == ref_batch) & (compute["context_tokens"] == ref_context)]
-    metadata = {
-        "speed_ref_batch": int(ref_batch),
-        "speed_ref_context": int(ref_context),
-        "speed_ref_layer_s": float(at_ref["layer_s"].min()),
+    run_info = {
         "device": device,
         "device_name": device_name(device),
         "torch_version": str(torch.__version__),
@@ -230,21 +193,83 @@ def run_calibration(
         "model_card": settings.model,
         "measured_model": card.name,
         "seed": settings.seed,
+    }
+    existing = out_dir / "profile.yaml"
+    profile = fit_profile(tables, card, grid, run_info, read_profile(existing) if existing.is_file() else None)
+    (out_dir / "metadata.yaml").write_text(yaml.safe_dump({**profile.metadata, "grid": asdict(grid)}, sort_keys=False))
+    write_profile(profile, existing)
+    return profile
+
+
+def measure(
+    grid: bench.BenchGrid, config: DecoderConfig, device: str, seed: int, note: Callable[[str], None]
+) -> dict[str, pd.DataFrame]:
+    """Every microbenchmark of ``grid``, in order; ``note(stage)`` as each starts.
+
+    Returns:
+        Raw tables by name: copy, recall, compute, selection, matmul (columns: calibrate/bench.py).
+    """
+    note("copy")
+    copy = bench.bench_copy(grid.copy_sizes_bytes, grid.copy_buffer_bytes, grid.repeats, device)
+    note("recall")
+    points = [(f, n) for f in grid.fragment_bytes for n in grid.fragment_counts]
+    recall = bench_recall(points, grid.host_pool_bytes, grid.repeats, device, seed)
+    note("compute")
+    compute = bench.bench_compute(config, grid.compute_batches, grid.compute_contexts, grid.compute_steps, device, seed)
+    note("selection")
+    policy = engine_policy("pulseinfer")
+    selection = bench.bench_selection(
+        config, policy, grid.selection_batches, grid.selection_contexts, grid.repeats, device, seed
+    )
+    note("matmul")
+    matmul = bench.bench_matmul(grid.matmul_size, config.dtype, grid.repeats, device)
+    return {"copy": copy, "recall": recall, "compute": compute, "selection": selection, "matmul": matmul}
+
+
+def fit_profile(
+    tables: dict[str, pd.DataFrame],
+    card: ModelSpec,
+    grid: bench.BenchGrid,
+    run_info: dict,
+    old: dict | None = None,
+) -> Profile:
+    """Fit the raw tables of `measure` into a Profile.
+
+    Args:
+        tables: raw tables by name (`measure`).
+        card: the measured (scaled) model card.
+        grid: the grid measured; its middle compute point becomes the speed reference.
+        run_info: device, device_name, date, commit and other run facts copied into the metadata.
+        old: an existing profile's mapping (`read_profile`), whose ``recall_stats`` and ``recall_stats_source``
+            are kept; None when there is none.
+
+    Raises:
+        ValueError: if a fit has nothing to fit (calibrate/fit.py).
+    """
+    link = fit.fit_link(tables["copy"])
+    gather = fit.fit_gather(tables["recall"], link.size_table)
+    compute_fit = fit.fit_compute(tables["compute"], card.name)
+    selection_fit = fit.fit_selection(tables["selection"])
+    kv_gbps = (
+        card.kv_bytes_per_token_per_layer / (compute_fit.layer_per_token_ns * 1e-9) / 1e9
+        if compute_fit.layer_per_token_ns
+        else 1e3
+    )
+    metadata = {
+        **_speed_reference(tables["compute"], grid),
+        **run_info,
         "link_mape_pct": round(link.mape_pct, 2),
         "gather_scatter_mape_pct": round(gather.mape_pct, 2),
         "per_fragment_model_mape_pct": round(gather.per_fragment_mape_pct, 2),
     }
+    device = run_info["device"]
     source = (
         f"pulseinfer calibrate on {metadata['device_name']} ({device}), {metadata['date']}, "
         f"commit {metadata['commit'][:10]}"
     )
-    hardware = hardware_card(device, link, gather, kv_gbps, float(matmul["tflops"].max()), source)
-    existing = out_dir / "profile.yaml"
-    keep = {}
-    if existing.is_file():
-        old = read_profile(existing)
-        keep = {k: old[k] for k in ("recall_stats", "recall_stats_source") if k in old}
-    profile = Profile(
+    hardware = hardware_card(device, link, gather, kv_gbps, float(tables["matmul"]["tflops"].max()), source)
+    keep = {k: old[k] for k in ("recall_stats", "recall_stats_source") if k in old} if old else {}
+    return Profile(
         name=f"{device}-{card.name}",
         source=source,
         metadata=metadata,
@@ -254,9 +279,22 @@ def run_calibration(
         selection=selection_fit,
         **keep,
     )
-    (out_dir / "metadata.yaml").write_text(yaml.safe_dump({**metadata, "grid": asdict(grid)}, sort_keys=False))
-    write_profile(profile, existing)
-    return profile
+
+
+def _speed_reference(compute: pd.DataFrame, grid: bench.BenchGrid) -> dict:
+    """The speed reference entries of the metadata: batch, context and fastest layer time of one grid point."""
+    # One measured grid point (middle batch, middle context) kept so `validate` can re-measure it and report how
+    # much faster or slower the machine runs than during calibration (calibrate/validate.py speed_drift). Not the
+    # largest point: on this project's VMs its layer time varied up to 2x between processes minutes apart (the
+    # memory behind a fresh multi-hundred-MB pool, it seems), which says nothing about the machine's speed.
+    ref_batch = sorted(grid.compute_batches)[len(grid.compute_batches) // 2]
+    ref_context = sorted(grid.compute_contexts)[len(grid.compute_contexts) // 2]
+    at_ref = compute[(compute["batch_size"] == ref_batch) & (compute["context_tokens"] == ref_context)]
+    return {
+        "speed_ref_batch": int(ref_batch),
+        "speed_ref_context": int(ref_context),
+        "speed_ref_layer_s": float(at_ref["layer_s"].min()),
+    }
 
 
 def summary_table(profile: Profile) -> pd.DataFrame:

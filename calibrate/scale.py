@@ -5,7 +5,7 @@ the card (``layers``, default 4) and the profile's compute is per layer. On a CP
 scaled: KV heads, query heads, hidden and FFN widths are divided by ``scale`` (default: KV heads / 2, so
 GQA grouping and head_dim stay the card's), the vocabulary is capped at 4,096 and the dtype is fp32 (the
 CPU runs bf16 GEMMs through slower paths). The scaled card is written into the profile as its ``model``,
-and the simulator uses that card with that profile (sim/specs.py refuses a different one).
+and the simulator uses that card with that profile (sim/config/scenario.py refuses a different one).
 """
 
 from __future__ import annotations

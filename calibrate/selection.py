@@ -3,8 +3,8 @@
 Flow of `run_selection_calibration` (behind ``pulseinfer calibrate selection``):
   1. Load SmolLM2-135M (engine/weights.py) unless a `LoadedModel` is given; take the first
      context_tokens + steps tokens of the shipped text (engine/text.py).
-  2. One dense prefill and one teacher-forced pass (engine.accuracy.teacher_forced_trace), then
-     engine.selection_stats.collect_selection_stats for every budget (SoloHead and head-wise sets of every
+  2. One dense prefill and one teacher-forced pass (calibrate.accuracy.teacher_forced_trace), then
+     calibrate.selection_stats.collect_selection_stats for every budget (SoloHead and head-wise sets of every
      layer and step, an LRU recall buffer).
   3. Fit the recall statistics at one budget (the middle one of ``budgets`` by default) with
      calibrate/selection_fit.py, and summarise every budget.
@@ -36,8 +36,8 @@ MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised, fp32)"
 class SelectionCalibration:
     """What `run_selection_calibration` measured and wrote."""
 
-    stats: pd.DataFrame  # engine.selection_stats.STATS_COLUMNS, every budget
-    recall_stats: dict  # valid for sim.specs.RecallStatsSpec, fitted at fit_budget
+    stats: pd.DataFrame  # calibrate.selection_stats.STATS_COLUMNS, every budget
+    recall_stats: dict  # valid for sim.config.RecallStatsSpec, fitted at fit_budget
     summaries: dict[int, dict]  # budget_tokens -> calibrate.selection_fit.selection_summary
     fit_budget: int  # budget_tokens the recall_stats were fitted at
     source: str  # recall_stats_source written to the profile
@@ -73,11 +73,7 @@ def run_selection_calibration(
         ValueError: bad budgets, fit_budget not among them, steps <= working_set_steps, buffer too small.
         engine.weights.ModelNotInstalled: model is None and SmolLM2 is not installed.
     """
-    import torch
-
-    from engine.accuracy import BlockLayout, teacher_forced_trace
-    from engine.selection_stats import collect_selection_stats
-    from engine.text import corpus_tokens
+    from calibrate.accuracy import DEFAULT_LAYOUT
 
     budgets = sorted(budgets)
     fit_budget = budgets[len(budgets) // 2] if fit_budget is None else fit_budget
@@ -86,16 +82,12 @@ def run_selection_calibration(
         from engine.weights import load_smollm2
 
         model = load_smollm2()
-    layout = BlockLayout()
-    tokens = corpus_tokens(model.tokenizer, context_tokens + steps).to(model.weights.embed.device)
-    with torch.no_grad():
-        trace = teacher_forced_trace(model.config, model.weights, tokens, context_tokens, layout)
-        stats = collect_selection_stats(trace, budgets, layout, buffer_blocks, working_set_steps)
+    stats = _measure(model, budgets, context_tokens, steps, buffer_blocks, working_set_steps)
     num_layers = model.config.num_layers
     per_budget = {b: stats[stats["budget_tokens"] == b] for b in budgets}
     recall_stats = fit_recall_stats(per_budget[fit_budget], num_layers, working_set_steps)
     summaries = {b: selection_summary(df, num_layers) for b, df in per_budget.items()}
-    buffer = summaries[fit_budget]["buffer_blocks"]
+    layout, buffer = DEFAULT_LAYOUT, summaries[fit_budget]["buffer_blocks"]
     source = (
         f"{MODEL_NAME}, engine/data/python_reference.txt, context {context_tokens} tokens, {steps} teacher-forced "
         f"steps, SoloHead (Quest bounds) at budget {fit_budget} tokens, block {layout.block_size}, sink "
@@ -108,6 +100,27 @@ def run_selection_calibration(
     _write_summary(out / "selection_summary.yaml", source, recall_stats, summaries)
     profile_path = merge_recall_stats(out / "profile.yaml", recall_stats, source)
     return SelectionCalibration(stats, recall_stats, summaries, fit_budget, source, profile_path)
+
+
+def _measure(
+    model: LoadedModel,
+    budgets: list[int],
+    context_tokens: int,
+    steps: int,
+    buffer_blocks: int | None,
+    working_set_steps: int,
+) -> pd.DataFrame:
+    """Step 2 of the module docstring: STATS_COLUMNS rows of every budget, on DEFAULT_LAYOUT."""
+    import torch
+
+    from calibrate.accuracy import DEFAULT_LAYOUT, teacher_forced_trace
+    from calibrate.selection_stats import collect_selection_stats
+    from engine.text import corpus_tokens
+
+    tokens = corpus_tokens(model.tokenizer, context_tokens + steps).to(model.weights.embed.device)
+    with torch.no_grad():
+        trace = teacher_forced_trace(model.config, model.weights, tokens, context_tokens, DEFAULT_LAYOUT)
+        return collect_selection_stats(trace, budgets, DEFAULT_LAYOUT, buffer_blocks, working_set_steps)
 
 
 def _check(budgets: list[int], fit_budget: int, context_tokens: int, steps: int, working_set_steps: int) -> None:

@@ -1,7 +1,7 @@
-"""Selection statistics (engine/selection_stats.py's table) -> the simulator's ``recall_stats`` (no torch here).
+"""Selection statistics (calibrate/selection_stats.py's table) -> the simulator's ``recall_stats`` (no torch here).
 
-`fit_recall_stats` produces a dict that `sim.specs.RecallStatsSpec` accepts (DESIGN.md "Recall model",
-sim/recall.py):
+`fit_recall_stats` produces a dict that `sim.config.RecallStatsSpec` accepts (docs/design.md "Recall model",
+sim/step/recall.py):
 
 * ``change_mean_by_depth``: one knot per layer l, (l / (L - 1), mean change fraction of layer l over the
   warm steps t >= 1). Depth is normalised so that a 30-layer model's curve applies to a 40-layer one: the
@@ -10,7 +10,7 @@ sim/recall.py):
   selection never changes (budget covering every candidate) is clipped, with a warning, and listed by
   `selection_summary`.
 * ``change_shape_a``: the Kumaraswamy shape a, by the method of moments: each layer's b is tied to its mean
-  through `sim.recall.kumaraswamy_b(mean, a)` (as the simulator does), and a minimises the squared
+  through `sim.step.recall.kumaraswamy_b(mean, a)` (as the simulator does), and a minimises the squared
   difference between the model's and the measured per-layer standard deviations of the change fraction.
   Not maximum likelihood: measured fractions are counts / k and hit exactly 0 and 1, where the Kumaraswamy
   log-density is infinite. The measured spread includes the count granularity (at most 1 / (2k) in
@@ -127,14 +127,14 @@ def fit_recall_stats(df: pd.DataFrame, num_layers: int, working_set_steps: int =
     """Fit the simulator's recall statistics to one budget's selection statistics (module docstring).
 
     Args:
-        df: rows of engine.selection_stats.STATS_COLUMNS for one budget_tokens, layers 0..num_layers-1.
+        df: rows of calibrate.selection_stats.STATS_COLUMNS for one budget_tokens, layers 0..num_layers-1.
         num_layers: L of the measured model (depth of layer l is l / (L - 1)).
         working_set_steps: w; must equal the table's ``working_set_steps``.
 
     Returns:
         {"change_mean_by_depth": [[depth, mean], ...] (one knot per layer), "change_shape_a": float,
         "returning_frac": float, "working_set_steps": int, "working_set_ratio": float (measured W / k),
-        "headwise_union_ratio": float}, valid for sim.specs.RecallStatsSpec.
+        "headwise_union_ratio": float}, valid for sim.config.RecallStatsSpec.
 
     Raises:
         ValueError: if the table holds several budgets, other layers, another w, or fewer than two steps.
@@ -171,7 +171,7 @@ def selection_summary(df: pd.DataFrame, num_layers: int) -> dict:
     Returns:
         Plain floats/ints/lists: budget_tokens, buffer_blocks, steps, per_layer_change_frac,
         per_layer_miss_frac, per_layer_headwise_miss_frac, per_layer_union_ratio, per_layer_closed_form_miss_frac
-        (sim/recall.py's c (1 - rho h) with the fitted means and returning_frac, for comparison with the explicit
+        (sim/step/recall.py's c (1 - rho h) with the fitted means and returning_frac, for comparison with the explicit
         LRU buffer), miss_frac, headwise_miss_frac, closed_form_miss_frac (means over layers), union_ratio
         (mean |U_h S_h| / k), working_set_ratio (mean distinct blocks of the last w steps / k; without it the
         simulator assumes 1 + w m), fragments_per_step_solohead and fragments_per_step_headwise (mean per layer
@@ -208,7 +208,7 @@ def selection_summary(df: pd.DataFrame, num_layers: int) -> dict:
 
 def closed_form_miss(df: pd.DataFrame, means: np.ndarray, working_set_steps: int) -> np.ndarray:
     """The simulator's expected miss fraction per layer, m_l (1 - rho h), h = clip((B - k) / (k (r - 1)), 0, 1)
-    (sim/recall.py with a measured working_set_ratio r), rho the table's returning fraction, k its median
+    (sim/step/recall.py with a measured working_set_ratio r), rho the table's returning fraction, k its median
     selected blocks."""
     rho = returning_frac(df, working_set_steps)
     k = max(float(df["selected_blocks"].median()), 1.0)

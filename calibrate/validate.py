@@ -202,4 +202,5 @@ def validate(
 
 
 def default_device() -> str:
+    """The default torch device: cuda when torch sees one, else cpu."""
     return "cuda" if torch.cuda.is_available() else "cpu"

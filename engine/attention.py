@@ -1,12 +1,13 @@
 """Decode attention, dense and over paged KV blocks (GQA-aware).
 
-Dimension names: B requests, H query heads, Hkv KV heads, G = H // Hkv, D head_dim, S device slots,
-P block_size (tokens per block), N slots attended per request, T tokens.
+Dimension names: B requests, H query heads, Hkv KV heads, G = H // Hkv, D head_dim, S device blocks,
+P block_size (tokens per block), N device blocks attended per request, T tokens.
 
-Sparse decode attention reads, for every request, a list of device slots (resident sink and recent
-blocks plus the slots the recall just filled) and a count of valid tokens in each slot. A slot may hold
-different blocks for different KV heads (head-wise recall puts head h's i-th selected block in slot i),
-which is why attention indexes the pool per slot and keeps the KV-head axis intact. Softmax runs in
+Sparse decode attention reads, for every request, a list of device block ids (resident sink and recent
+blocks plus the arena blocks the recall just filled) and a count of valid tokens in each. An arena block
+may hold different logical blocks for different KV heads (head-wise recall puts head h's i-th selected
+block in arena block i), which is why attention indexes the pool per device block and keeps the KV-head
+axis intact. Softmax runs in
 float32. With every block of the context listed, the result equals dense attention up to the order of
 summation (softmax is permutation-invariant over keys).
 """
@@ -57,8 +58,8 @@ def dense_decode_attention(
 def sparse_decode_attention(
     q: torch.Tensor,
     kv_layer: torch.Tensor,
-    slots: torch.Tensor,
-    slot_tokens: torch.Tensor,
+    block_ids: torch.Tensor,
+    block_tokens: torch.Tensor,
     counts: list[int] | None = None,
 ) -> torch.Tensor:
     """One query token per request against the listed device blocks of one layer.
@@ -66,8 +67,8 @@ def sparse_decode_attention(
     Args:
         q: [B, H, D], the pool's dtype and device.
         kv_layer: [S, 2, P, Hkv, D], device pool of one layer (index 0 of dim 1 is K, 1 is V).
-        slots: int64 [B, N], slot ids in [0, S), same device; padding entries may be any valid id.
-        slot_tokens: int64 [B, N], valid tokens in each slot, in [0, P] (0 for padding); a partly filled
+        block_ids: int64 [B, N], device block ids in [0, S), same device; padding entries may be any valid id.
+        block_tokens: int64 [B, N], valid tokens in each listed block, in [0, P] (0 for padding); a partly filled
             block holds its tokens at offsets 0..n-1.
         counts: host ints [B] or None. When given, row b's own entries are its first counts[b] and each
             request attends only those (one gather per request): the cost follows the sum of the contexts,
@@ -79,11 +80,11 @@ def sparse_decode_attention(
     Raises:
         ValueError: if shapes disagree.
     """
-    b, n = slots.shape
+    b, n = block_ids.shape
     _, two, p, hkv, d = kv_layer.shape
-    if slot_tokens.shape != slots.shape or q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
+    if block_tokens.shape != block_ids.shape or q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
         raise ValueError(
-            f"q {tuple(q.shape)}, slots {tuple(slots.shape)}, slot_tokens {tuple(slot_tokens.shape)} "
+            f"q {tuple(q.shape)}, block_ids {tuple(block_ids.shape)}, block_tokens {tuple(block_tokens.shape)} "
             f"do not fit kv_layer {tuple(kv_layer.shape)}"
         )
     if counts is not None:
@@ -91,13 +92,13 @@ def sparse_decode_attention(
             raise ValueError(f"counts has {len(counts)} entries for {b} requests")
         return torch.cat(
             [
-                sparse_decode_attention(q[i : i + 1], kv_layer, slots[i : i + 1, :c], slot_tokens[i : i + 1, :c])
+                sparse_decode_attention(q[i : i + 1], kv_layer, block_ids[i : i + 1, :c], block_tokens[i : i + 1, :c])
                 for i, c in enumerate(counts)
             ]
         )
-    kv = kv_layer[slots.reshape(-1)].view(b, n, two, p, hkv, d)  # Hot path: one gather for all requests
+    kv = kv_layer[block_ids.reshape(-1)].view(b, n, two, p, hkv, d)  # Hot path: one gather for all requests
     k = kv[:, :, 0].reshape(b, n * p, hkv, d)
     v = kv[:, :, 1].reshape(b, n * p, hkv, d)
-    offsets = torch.arange(p, device=slots.device)
-    valid = (offsets[None, None, :] < slot_tokens[:, :, None]).reshape(b, n * p)
+    offsets = torch.arange(p, device=block_ids.device)
+    valid = (offsets[None, None, :] < block_tokens[:, :, None]).reshape(b, n * p)
     return _grouped_attention(q, k, v, valid)

@@ -15,6 +15,8 @@ from engine.pools import TIERS
 
 @dataclass(frozen=True, slots=True)
 class BlockRef:
+    """Where one logical block lives: a tier and a block id in that tier's pool."""
+
     tier: str  # "device" or "host"
     block_id: int  # index into that tier's pool
 
@@ -28,6 +30,7 @@ class BlockTable:
 
     @property
     def requests(self) -> list[int]:
+        """Ids of the requests with a table, in insertion order."""
         return list(self._tables)
 
     def add_request(self, request_id: int) -> None:
@@ -41,6 +44,7 @@ class BlockTable:
         return tuple(self._tables[request_id])
 
     def num_blocks(self, request_id: int) -> int:
+        """Logical blocks of the request. Raises KeyError for an unknown request."""
         return len(self._tables[request_id])
 
     def append(self, request_id: int, tier: str, block_id: int) -> int:

@@ -63,6 +63,7 @@ class ContiguousKVCache:
 
     @property
     def max_tokens(self) -> int:
+        """Token capacity of the preallocated cache."""
         return self.k[0].shape[1]
 
     def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,8 +1,8 @@
 """The I/O engine: recall (host -> device) of selected KV blocks, behind one interface, and offload.
 
 Protocol, per layer and decode step:
-  1. ``recall(layer, src_ids, dst_slots, heads)`` copies host blocks ``src_ids`` of that layer into device
-     slots ``dst_slots``; with ``heads`` given, only KV head ``heads[i]`` of block ``src_ids[i]`` moves (a
+  1. ``recall(layer, src_ids, dst_block_ids, heads)`` copies host blocks ``src_ids`` of that layer into device
+     blocks ``dst_block_ids``; with ``heads`` given, only KV head ``heads[i]`` of block ``src_ids[i]`` moves (a
      head-wise fragment). Returns the bytes moved. On CUDA the copies run on the engine's own stream and
      the call returns without waiting for them.
   2. ``wait(layer)`` makes the current (compute) stream wait for that layer's recall: a stream-side wait
@@ -12,7 +12,7 @@ Modes (every mode must leave byte-identical pools):
 * ``per_fragment`` - one copy per fragment (per block, or per (block, head)): the baseline, deliberately
   naive, one Python-level copy each, as offloaders that issue one cudaMemcpyAsync per fragment do.
 * ``gather_scatter`` - index-gather all fragments of the call (in host address order) into a pinned
-  staging buffer, one host-to-device copy of it, one index-scatter on the device into the slots. A call
+  staging buffer, one host-to-device copy of it, one index-scatter on the device into the device blocks. A call
   larger than the staging buffer runs as several such chunks through two alternating staging buffers.
 
 On a CPU-only machine the "device" pool is a separate, preallocated CPU tensor standing in for device
@@ -68,7 +68,7 @@ def fragment_rows(block_ids: torch.Tensor, heads: torch.Tensor, block_size: int,
 
 
 class RecallIO(ABC):
-    """Copies selected host blocks of one layer into device slots; see the module docstring for the protocol."""
+    """Copies selected host blocks of one layer into device blocks; see the module docstring for the protocol."""
 
     mode = ""
 
@@ -88,18 +88,18 @@ class RecallIO(ABC):
         self,
         layer: int,
         src_ids: torch.Tensor,
-        dst_slots: torch.Tensor,
+        dst_block_ids: torch.Tensor,
         heads: torch.Tensor | None = None,
         after: torch.cuda.Event | None = None,
     ) -> int:
-        """Copy host blocks into device slots of one layer.
+        """Copy host blocks into device blocks of one layer.
 
         Args:
             layer: layer index.
             src_ids: int64 [n] host block ids, CPU.
-            dst_slots: int64 [n] device slots, CPU, unique (for head fragments: unique per (slot, head)).
+            dst_block_ids: int64 [n] device block ids, CPU, unique (for head fragments: unique per (block, head)).
             heads: None to move whole blocks; else int64 [n] KV heads, CPU, to move (block, head) fragments.
-            after: CUDA only: the event after which the slots may be overwritten (e.g. the last attention
+            after: CUDA only: the event after which the device blocks may be overwritten (e.g. the last attention
                 that read them). None waits for all work queued on the current stream, which is safe but
                 keeps the copy from overlapping compute queued before this call.
 
@@ -109,15 +109,15 @@ class RecallIO(ABC):
         Raises:
             ValueError: if the index tensors differ in length or are not CPU int64.
         """
-        _check_indices(src_ids, dst_slots, heads)
+        _check_indices(src_ids, dst_block_ids, heads)
         if not self.cuda:
-            return self._recall(layer, src_ids, dst_slots, heads)
+            return self._recall(layer, src_ids, dst_block_ids, heads)
         if after is None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device.device))
         else:
             self.stream.wait_event(after)
         with torch.cuda.stream(self.stream):
-            moved = self._recall(layer, src_ids, dst_slots, heads)
+            moved = self._recall(layer, src_ids, dst_block_ids, heads)
         self._layer_events[layer].record(self.stream)
         return moved
 
@@ -127,7 +127,9 @@ class RecallIO(ABC):
             torch.cuda.current_stream(self.device.device).wait_event(self._layer_events[layer])
 
     @abstractmethod
-    def _recall(self, layer: int, src_ids: torch.Tensor, dst_slots: torch.Tensor, heads: torch.Tensor | None) -> int:
+    def _recall(
+        self, layer: int, src_ids: torch.Tensor, dst_block_ids: torch.Tensor, heads: torch.Tensor | None
+    ) -> int:
         """Issue the copies on the current stream; return bytes moved."""
 
 
@@ -136,9 +138,11 @@ class PerFragmentIO(RecallIO):
 
     mode = "per_fragment"
 
-    def _recall(self, layer: int, src_ids: torch.Tensor, dst_slots: torch.Tensor, heads: torch.Tensor | None) -> int:
+    def _recall(
+        self, layer: int, src_ids: torch.Tensor, dst_block_ids: torch.Tensor, heads: torch.Tensor | None
+    ) -> int:
         src, dst = self.host.layers[layer], self.device.layers[layer]
-        pairs = zip(src_ids.tolist(), dst_slots.tolist())
+        pairs = zip(src_ids.tolist(), dst_block_ids.tolist())
         if heads is None:
             for b, s in pairs:
                 dst[s].copy_(src[b], non_blocking=True)
@@ -149,7 +153,7 @@ class PerFragmentIO(RecallIO):
 
 
 class GatherScatterIO(RecallIO):
-    """Gather into a staging buffer, one copy to the device, scatter into the slots (per chunk)."""
+    """Gather into a staging buffer, one copy to the device, scatter into the device blocks (per chunk)."""
 
     mode = "gather_scatter"
 
@@ -178,17 +182,19 @@ class GatherScatterIO(RecallIO):
         self._pool_rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._stage_rows: dict[int, list[torch.Tensor]] = {}  # host staging buffer(s), then device staging on CUDA
 
-    def _recall(self, layer: int, src_ids: torch.Tensor, dst_slots: torch.Tensor, heads: torch.Tensor | None) -> int:
+    def _recall(
+        self, layer: int, src_ids: torch.Tensor, dst_block_ids: torch.Tensor, heads: torch.Tensor | None
+    ) -> int:
         # Hot path: gather host memory in address order (DRAM pages and prefetchers like it); the scatter
         # destinations are unique, so the order does not change the result.
         order = torch.argsort(src_ids)
-        src_ids, dst_slots = src_ids[order], dst_slots[order]
+        src_ids, dst_block_ids = src_ids[order], dst_block_ids[order]
         if heads is None:
-            row_bytes, src_rows, dst_rows = self.host.block_bytes, src_ids, dst_slots
+            row_bytes, src_rows, dst_rows = self.host.block_bytes, src_ids, dst_block_ids
         else:
             p, hkv, heads = self.host.block_size, self.host.num_kv_heads, heads[order]
             row_bytes = self.host.fragment_bytes // (2 * p)
-            src_rows, dst_rows = fragment_rows(src_ids, heads, p, hkv), fragment_rows(dst_slots, heads, p, hkv)
+            src_rows, dst_rows = fragment_rows(src_ids, heads, p, hkv), fragment_rows(dst_block_ids, heads, p, hkv)
         host_rows, dev_rows = self._rows(layer, row_bytes)
         chunk = self.staging_bytes // row_bytes
         if src_rows.shape[0] <= chunk:
@@ -243,26 +249,26 @@ def make_io(mode: str, host_pool: KVPool, device_pool: KVPool, **kwargs: int) ->
     raise ValueError(f"mode={mode!r} must be one of {IO_MODES}")
 
 
-def offload_blocks(device_pool: KVPool, host_pool: KVPool, slots: list[int], host_ids: list[int]) -> None:
-    """Copy device slots to host blocks in every layer (device -> host), synchronously.
+def offload_blocks(device_pool: KVPool, host_pool: KVPool, device_block_ids: list[int], host_ids: list[int]) -> None:
+    """Copy device blocks to host blocks in every layer (device -> host), synchronously.
 
     Not on the per-layer path: a request offloads one block every block_size steps.
 
     Raises:
-        ValueError: if slots and host_ids differ in length.
+        ValueError: if device_block_ids and host_ids differ in length.
     """
-    if len(slots) != len(host_ids):
-        raise ValueError(f"slots has {len(slots)} ids but host_ids has {len(host_ids)}")
-    if not slots:
+    if len(device_block_ids) != len(host_ids):
+        raise ValueError(f"device_block_ids has {len(device_block_ids)} ids but host_ids has {len(host_ids)}")
+    if not device_block_ids:
         return
-    src = torch.tensor(slots, dtype=torch.int64, device=device_pool.device)
+    src = torch.tensor(device_block_ids, dtype=torch.int64, device=device_pool.device)
     dst = torch.tensor(host_ids, dtype=torch.int64)
     for dev_layer, host_layer in zip(device_pool.layers, host_pool.layers):
         host_layer.index_copy_(0, dst, dev_layer.index_select(0, src).cpu())
 
 
-def _check_indices(src_ids: torch.Tensor, dst_slots: torch.Tensor, heads: torch.Tensor | None) -> None:
-    for name, t in (("src_ids", src_ids), ("dst_slots", dst_slots), ("heads", heads)):
+def _check_indices(src_ids: torch.Tensor, dst_block_ids: torch.Tensor, heads: torch.Tensor | None) -> None:
+    for name, t in (("src_ids", src_ids), ("dst_block_ids", dst_block_ids), ("heads", heads)):
         if t is None:
             continue
         if t.dtype != torch.int64 or t.device.type != "cpu" or t.dim() != 1:

@@ -4,16 +4,17 @@ A request's logical blocks split into the always-resident sink (the first `sink_
 window (the last `recent_tokens`, including the partly filled tail) and the offloaded middle, which
 lives in the host pool with a summary on the device. Per decode step (`prepare_step`):
 
-  1. every request that starts a new block gets a device slot for its tail;
+  1. every request that starts a new block gets a device block for its tail;
   2. the block that just left the recent window is offloaded (device -> host, all layers), summarised,
-     and its device slot freed;
-  3. a recall arena of B x K device slots is allocated (K = selected blocks per request), and the index
-     tensors every layer needs are built once: resident slots and token counts, candidate host ids,
-     arena slots. Layers then only select, recall into the arena, write the new token and attend.
+     and its device block freed;
+  3. a recall arena of B x K device blocks is allocated (K = selected blocks per request), and the index
+     tensors every layer needs are built once: resident device block ids and token counts, candidate
+     host block ids, arena device block ids. Layers then only select, recall into the arena, write the
+     new token and attend.
 
 `finish_step` frees the arena and advances the lengths. Allocation failures roll back and report:
 `add_request` returns False, `prepare_step` raises RuntimeError naming the pool to enlarge.
-Dimension names: B requests, R resident blocks, C candidate blocks, K arena slots per request.
+Dimension names: B requests, R resident blocks, C candidate blocks, K arena blocks per request.
 """
 
 from __future__ import annotations
@@ -28,17 +29,6 @@ from engine.pools import KVPool, make_pools
 from engine.summaries import BlockSummaries
 
 
-def check_resident_layout(block_size: int, sink_tokens: int, recent_tokens: int) -> None:
-    """Raise ValueError unless block_size >= 1 and sink and recent tokens are block multiples, recent >= one block."""
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size} must be >= 1")
-    for name, value in (("sink_tokens", sink_tokens), ("recent_tokens", recent_tokens)):
-        if value < 0 or value % block_size:
-            raise ValueError(f"{name}={value} must be a non-negative multiple of block_size={block_size}")
-    if recent_tokens < block_size:
-        raise ValueError(f"recent_tokens={recent_tokens} must be >= block_size={block_size}")
-
-
 @dataclass(frozen=True)
 class SparsePolicy:
     """What stays resident and how much is recalled; all token counts are per (request, layer)."""
@@ -49,9 +39,23 @@ class SparsePolicy:
     budget_tokens: int  # selected offloaded tokens attended per step; budget_blocks = budget_tokens // block_size
 
     def __post_init__(self) -> None:
-        check_resident_layout(self.block_size, self.sink_tokens, self.recent_tokens)
+        """Raises ValueError unless block_size >= 1, sink and recent tokens are block multiples with recent >= one
+        block, and budget_tokens >= 0."""
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        for name in ("sink_tokens", "recent_tokens"):
+            value = getattr(self, name)
+            if value < 0 or value % self.block_size:
+                raise ValueError(f"{name}={value} must be a non-negative multiple of block_size={self.block_size}")
+        if self.recent_tokens < self.block_size:
+            raise ValueError(f"recent_tokens={self.recent_tokens} must be >= block_size={self.block_size}")
         if self.budget_tokens < 0:
             raise ValueError(f"budget_tokens={self.budget_tokens} must be >= 0")
+
+    @property
+    def resident_tokens(self) -> int:
+        """Sink plus recent window: tokens always attended (per request and layer)."""
+        return self.sink_tokens + self.recent_tokens
 
     def is_resident(self, logical: int, num_blocks: int) -> bool:
         """Whether logical block `logical` of a request with `num_blocks` blocks stays on the device."""
@@ -65,15 +69,16 @@ class StepIndices:
 
     request_ids: list[int]
     positions: torch.Tensor  # int64 [B], position of the new token
-    tail_slots: torch.Tensor  # int64 [B], device slot of the block the new token goes into
-    tail_offsets: torch.Tensor  # int64 [B], its offset in that block
-    attend_slots: torch.Tensor  # int64 [B, R + K]: per row the request's resident slots, its arena, then padding
-    attend_tokens: torch.Tensor  # int64 [B, R + K], valid tokens per slot (0 = padding)
-    attend_counts: list[int]  # host ints [B]: row b's first attend_counts[b] entries are its own resident slots and
-    # the arena slots its selection fills (a request with fewer candidates than K leaves the rest unread)
+    tail_block_ids: torch.Tensor  # int64 [B], device block id of the block the new token goes into
+    tail_offsets: torch.Tensor  # int64 [B], its offset in that block (its slot: tail_block_ids * P + offset)
+    attend_block_ids: torch.Tensor  # int64 [B, R + K]: per row the request's resident device blocks, its arena,
+    # then padding
+    attend_tokens: torch.Tensor  # int64 [B, R + K], valid tokens per listed block (0 = padding)
+    attend_counts: list[int]  # host ints [B]: row b's first attend_counts[b] entries are its own resident blocks
+    # and the arena blocks its selection fills (a request with fewer candidates than K leaves the rest unread)
     candidates: torch.Tensor  # int64 [B, C], host ids of offloaded blocks (padding: 0)
     candidate_valid: torch.Tensor  # bool [B, C]
-    arena_cpu: torch.Tensor  # int64 [B, K] on CPU, recall destinations
+    arena_cpu: torch.Tensor  # int64 [B, K] on CPU, device block ids the recall fills
     budget_blocks: int  # K
 
 
@@ -165,10 +170,10 @@ class OffloadedKVCache:
             self.lengths[r] += 1
 
     def write_token(self, layer: int, step: StepIndices, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new tokens' k, v [B, Hkv, D] into their tail slots of one layer."""
+        """Write the new tokens' k, v [B, Hkv, D] into their tail blocks of one layer."""
         pool = self.device_pool.layers[layer]
-        pool[step.tail_slots, 0, step.tail_offsets] = k
-        pool[step.tail_slots, 1, step.tail_offsets] = v
+        pool[step.tail_block_ids, 0, step.tail_offsets] = k
+        pool[step.tail_block_ids, 1, step.tail_offsets] = v
 
     def _grow_and_offload(self, request_id: int) -> None:
         """Give the new token a tail block if it starts one, and offload the block that leaves the window.
@@ -181,15 +186,15 @@ class OffloadedKVCache:
             return  # the new token fits in the current tail
         leaving = nb - self.policy.recent_tokens // p  # logical index once the tail is appended
         offload = leaving >= self.policy.sink_tokens // p and self.table.blocks(request_id)[leaving].tier == "device"
-        slot = self._allocate(self.device_pool, 1, "a new tail block")[0]
+        device_block_id = self._allocate(self.device_pool, 1, "a new tail block")[0]
         if not offload:
-            self.table.append(request_id, "device", slot)
+            self.table.append(request_id, "device", device_block_id)
             return
         host_ids = self.host_pool.allocator.allocate(1)
         if host_ids is None:
-            self.device_pool.allocator.free([slot])
+            self.device_pool.allocator.free([device_block_id])
             raise RuntimeError(_full_message(self.host_pool, 1, "an offloaded block"))
-        self.table.append(request_id, "device", slot)
+        self.table.append(request_id, "device", device_block_id)
         old = self.table.move(request_id, leaving, "host", host_ids[0])
         offload_blocks(self.device_pool, self.host_pool, [old.block_id], host_ids)
         ids = torch.tensor(host_ids, device=self.device)
@@ -203,7 +208,7 @@ class OffloadedKVCache:
         for r in request_ids:
             refs, length = self.table.blocks(r), self.lengths[r]
             on_device = [(j, ref.block_id) for j, ref in enumerate(refs) if ref.tier == "device"]
-            resident.append([slot for _, slot in on_device])
+            resident.append([block_id for _, block_id in on_device])
             tokens.append([min(p, length + 1 - j * p) for j, _ in on_device])  # the tail counts the new token
             candidates.append([ref.block_id for ref in refs if ref.tier == "host"])
         c_max = max(map(len, candidates))
@@ -212,10 +217,10 @@ class OffloadedKVCache:
         self._arena = []
         self._arena = self._allocate(self.device_pool, b * k, f"a recall arena of {b} x {k} blocks")
         r_max = max(map(len, resident))
-        slot_rows, token_rows = [], []
-        for i in range(b):  # each row: its resident slots, its arena, then padding (a valid prefix per request)
+        block_rows, token_rows = [], []
+        for i in range(b):  # each row: its resident blocks, its arena, then padding (a valid prefix per request)
             pad = [0] * (r_max - len(resident[i]))
-            slot_rows.append(resident[i] + self._arena[i * k : (i + 1) * k] + pad)
+            block_rows.append(resident[i] + self._arena[i * k : (i + 1) * k] + pad)
             filled = min(k, len(candidates[i]))
             token_rows.append(tokens[i] + [p] * filled + [0] * (k - filled) + pad)
         lengths = [self.lengths[r] for r in request_ids]
@@ -224,9 +229,9 @@ class OffloadedKVCache:
         return StepIndices(
             request_ids=list(request_ids),
             positions=torch.tensor(lengths, device=dev),
-            tail_slots=torch.tensor(tails, device=dev),
+            tail_block_ids=torch.tensor(tails, device=dev),
             tail_offsets=torch.tensor([n % p for n in lengths], device=dev),
-            attend_slots=torch.tensor(slot_rows, dtype=torch.int64, device=dev),
+            attend_block_ids=torch.tensor(block_rows, dtype=torch.int64, device=dev),
             attend_tokens=torch.tensor(token_rows, dtype=torch.int64, device=dev),
             attend_counts=[len(r) + min(k, len(c)) for r, c in zip(resident, candidates)],  # filled arena only
             candidates=torch.tensor([c + [0] * (c_max - len(c)) for c in candidates], dtype=torch.int64, device=dev),

@@ -92,6 +92,8 @@ class LayerWeights:
 
 @dataclass
 class DecoderWeights:
+    """All weights of a decoder, in the config's dtype and on one device (E hidden, V vocab)."""
+
     embed: torch.Tensor  # [V, E]
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [E]

@@ -4,19 +4,19 @@ Per decode step (`decode_step`):
   1. `cache.prepare_step`: tails grow, blocks leaving the recent window are offloaded and summarised,
      the recall arena is allocated and the step's index tensors are built (once, for every layer).
   2. For each layer l:
-       a. q, k, v = projections of the layer input x_l; the new token's k, v go into its tail slot.
+       a. q, k, v = projections of the layer input x_l; the new token's k, v go into its tail block.
        b. Selection (Quest scores over the candidates' summaries, head-wise or SoloHead top-k) and
           recall of the selected blocks into the arena. Without prefetch: layer l, from q.
           With prefetch: layer 0 from its exact q, and layer l+1 from a query predicted from x_l, issued
           before layer l's attention so that, on CUDA, its copy (on the I/O stream) overlaps layer l's
           compute. Selection indices reach the host through a non-blocking copy and one event.
-       c. `io.wait(l)` (a stream-side wait), then sparse attention over resident + arena slots, the
+       c. `io.wait(l)` (a stream-side wait), then sparse attention over resident + arena blocks, the
           output projection and the MLP.
   3. `cache.finish_step` frees the arena; logits come from the last layer's output.
 
 Model assumption (prefetch): the residual stream changes little across one layer, so layer l+1's
 query computed from x_l picks nearly the same blocks (the premise of InfiniGen and SparDA;
-see ../shared/REFERENCE.md section 2). With a budget that covers the context every block is recalled
+see docs/sources.md section 2). With a budget that covers the context every block is recalled
 whatever the scores, so the logits equal the dense decoder's.
 """
 
@@ -66,12 +66,12 @@ class OffloadedDecoder:
         num_device_blocks: int,
         num_host_blocks: int,
         selection: str = "solohead",
-        io_mode: str = "gather_scatter",
+        io: str = "gather_scatter",
         prefetch: bool = True,
         device: torch.device | str = "cpu",
         timer: Timer | None = None,
     ) -> None:
-        """Raises ValueError for an unknown selection or io_mode."""
+        """Raises ValueError for an unknown selection or io."""
         if selection not in SELECTIONS:
             raise ValueError(f"selection={selection!r} must be one of {SELECTIONS}")
         self.config, self.weights, self.selection, self.prefetch = config, weights, selection, prefetch
@@ -81,7 +81,7 @@ class OffloadedDecoder:
             config.num_layers, config.num_kv_heads, config.head_dim, config.dtype, policy,
             num_device_blocks, num_host_blocks, self.device,
         )  # fmt: skip
-        self.io = make_io(io_mode, self.cache.host_pool, self.cache.device_pool)
+        self.io = make_io(io, self.cache.host_pool, self.cache.device_pool)
         self.timer = timer or Timer(self.device, enabled=False)
         self.step = 0
         self._recalls: list[tuple[int, int, int, int]] = []
@@ -99,6 +99,7 @@ class OffloadedDecoder:
         return logits if self.cache.add_request(request_id, kv) else None
 
     def remove_request(self, request_id: int) -> None:
+        """Free every block of the request. Raises KeyError for an unknown request."""
         self.cache.remove_request(request_id)
 
     def decode_step(self, request_ids: list[int], tokens: torch.Tensor) -> torch.Tensor:
@@ -118,7 +119,7 @@ class OffloadedDecoder:
             self._recall(pending, st)
             self.io.wait(li)
             attn = sparse_decode_attention(
-                q, self.cache.device_pool.layers[li], st.attend_slots, st.attend_tokens, st.attend_counts
+                q, self.cache.device_pool.layers[li], st.attend_block_ids, st.attend_tokens, st.attend_counts
             )
             if self._attended:
                 self._attended[li].record()
@@ -152,7 +153,7 @@ class OffloadedDecoder:
             return _Selection(layer, host_ids, chosen, ready)
 
     def _recall(self, sel: _Selection | None, st: StepIndices) -> None:
-        """Turn a selection into fragments (arena slot i of request b takes its i-th pick) and recall them."""
+        """Turn a selection into fragments (arena block i of request b takes its i-th pick) and recall them."""
         if sel is None:
             return
         if sel.ready is not None:

@@ -31,9 +31,11 @@ class BlockAllocator:
 
     @property
     def num_free(self) -> int:
+        """Block ids currently free."""
         return len(self._free)
 
     def is_free(self, block_id: int) -> bool:
+        """Whether block_id (in [0, num_blocks)) is free; IndexError outside that range."""
         return self._is_free[block_id]
 
     def allocate(self, n: int) -> list[int] | None:
@@ -113,18 +115,22 @@ class KVPool:
 
     @property
     def num_blocks(self) -> int:
+        """Blocks per layer."""
         return self.allocator.num_blocks
 
     @property
     def block_size(self) -> int:
+        """Tokens per block (P)."""
         return self.block_shape[1]
 
     @property
     def num_kv_heads(self) -> int:
+        """KV heads per token (Hkv)."""
         return self.block_shape[2]
 
     @property
     def dtype(self) -> torch.dtype:
+        """Element dtype of every layer's tensor."""
         return self.layers[0].dtype
 
     @property

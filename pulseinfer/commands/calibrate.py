@@ -123,13 +123,13 @@ def _selection_kwargs(args: argparse.Namespace) -> dict:
     if threads < 1:
         raise UsageError(f"--threads {threads}: must be >= 1")
     torch = import_torch()
-    torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (MODEL.md)
+    torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (docs/sources.md §8)
     out = args.selection_out or args.out
     check_out_folder(out)
     budgets = int_list(args.budgets, "--budgets", 16)
-    from engine.accuracy import BlockLayout
+    from calibrate.accuracy import DEFAULT_LAYOUT
 
-    layout = BlockLayout()
+    layout = DEFAULT_LAYOUT  # the SparsePolicy run_selection_calibration uses
     least = layout.resident_tokens + max(budgets) + layout.block_size
     if args.context < least:
         raise UsageError(

@@ -1,4 +1,5 @@
-"""``pulseinfer engine-bench``: recall throughput of per_fragment vs gather_scatter, next to a plain copy."""
+"""``pulseinfer engine-bench``: recall throughput of per_fragment vs gather_scatter, next to a plain copy
+(calibrate/bench_recall.py, the same measurement ``pulseinfer calibrate`` fits)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="torch CPU threads (default: 1 when the device is the CPU, as per_fragment's small copies run on one "
         "thread anyway; torch's choice on CUDA, where more threads speed up the host-side gather)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the fragment and slot choice")
+    p.add_argument("--seed", type=int, default=0, help="seed of the host and device block choice")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     torch = import_torch()
-    from engine.bench import format_table, run_bench
+    from calibrate.bench_recall import format_table, run_bench
 
     settings = _settings(args, torch)
     threads = args.threads or (1 if settings.device == "cpu" else None)
@@ -54,7 +55,7 @@ def _settings(args: argparse.Namespace, torch):
     """BenchSettings from the arguments. Raises UsageError naming the bad argument."""
     import dataclasses
 
-    from engine.bench import BenchSettings, quick_settings
+    from calibrate.bench_recall import BenchSettings, quick_settings
 
     check_out_folder(args.out)
     if args.threads is not None and args.threads < 1:

@@ -37,7 +37,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from sim.config.loader import ScenarioError, load_scenario
+from sim.config import ScenarioError, load_scenario
 from sim.metrics import SUMMARY_COLUMNS
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError

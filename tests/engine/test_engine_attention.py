@@ -14,19 +14,19 @@ DTYPES = [torch.float32, torch.bfloat16]
 H, D = 4, 8
 
 
-def _paged(k, v, block_size, num_slots, gen):
-    """Scatter one request's k, v [T, Hkv, D] into random slots of a fresh pool; return (pool, slots, tokens)."""
+def _paged(k, v, block_size, num_blocks, gen):
+    """Scatter one request's k, v [T, Hkv, D] into random blocks of a fresh pool; return (pool, block_ids, tokens)."""
     t, hkv, d = k.shape
     nb = -(-t // block_size)
-    pool = torch.randn(num_slots, 2, block_size, hkv, d, generator=gen).to(k.dtype)  # garbage elsewhere
-    slots = torch.randperm(num_slots, generator=gen)[:nb]
+    pool = torch.randn(num_blocks, 2, block_size, hkv, d, generator=gen).to(k.dtype)  # garbage elsewhere
+    block_ids = torch.randperm(num_blocks, generator=gen)[:nb]
     tokens = torch.tensor([min(block_size, t - j * block_size) for j in range(nb)])
     for j in range(nb):
         n = int(tokens[j])
-        pool[slots[j], 0, :n] = k[j * block_size : j * block_size + n]
-        pool[slots[j], 1, :n] = v[j * block_size : j * block_size + n]
+        pool[block_ids[j], 0, :n] = k[j * block_size : j * block_size + n]
+        pool[block_ids[j], 1, :n] = v[j * block_size : j * block_size + n]
     order = torch.randperm(nb, generator=gen)  # attention must not depend on block order
-    return pool, slots[order], tokens[order]
+    return pool, block_ids[order], tokens[order]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -38,8 +38,8 @@ def test_sparse_attention_over_all_blocks_equals_dense(block_size, num_kv_heads,
     q = torch.randn(1, H, D, generator=gen).to(dtype)
     k = torch.randn(t, num_kv_heads, D, generator=gen).to(dtype)
     v = torch.randn(t, num_kv_heads, D, generator=gen).to(dtype)
-    pool, slots, tokens = _paged(k, v, block_size, 12, gen)
-    sparse = sparse_decode_attention(q, pool, slots[None], tokens[None])
+    pool, block_ids, tokens = _paged(k, v, block_size, 12, gen)
+    sparse = sparse_decode_attention(q, pool, block_ids[None], tokens[None])
     dense = dense_decode_attention(q, k[None], v[None])
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(sparse, dense, rtol=tol, atol=tol)
@@ -49,10 +49,10 @@ def test_padding_slots_with_zero_tokens_are_ignored():
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(2, H, D, generator=gen)
     pool = torch.randn(6, 2, 4, 2, D, generator=gen)
-    slots = torch.tensor([[0, 1, 5], [2, 3, 4]])
+    block_ids = torch.tensor([[0, 1, 5], [2, 3, 4]])
     tokens = torch.tensor([[4, 2, 0], [4, 4, 4]])
-    out = sparse_decode_attention(q, pool, slots, tokens)
-    alone = sparse_decode_attention(q[:1], pool, slots[:1, :2], tokens[:1, :2])
+    out = sparse_decode_attention(q, pool, block_ids, tokens)
+    alone = sparse_decode_attention(q[:1], pool, block_ids[:1, :2], tokens[:1, :2])
     torch.testing.assert_close(out[:1], alone)
 
 

@@ -53,10 +53,10 @@ def _run(decoder, dense, prompts, steps):
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("io_mode", ["per_fragment", "gather_scatter"])
+@pytest.mark.parametrize("io", ["per_fragment", "gather_scatter"])
 @pytest.mark.parametrize("selection", ["solohead", "headwise"])
-def test_full_budget_decode_equals_dense_decoder(model, selection, io_mode, prefetch):
-    decoder = _decoder(model, selection=selection, io_mode=io_mode, prefetch=prefetch)
+def test_full_budget_decode_equals_dense_decoder(model, selection, io, prefetch):
+    decoder = _decoder(model, selection=selection, io=io, prefetch=prefetch)
     dense = DenseDecoder(*model)
     # 16 steps cross block boundaries, so blocks leave the recent window and are offloaded mid-run.
     assert _run(decoder, dense, _prompts(model[0].vocab_size), steps=16) < 1e-4

@@ -9,7 +9,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.bench import BENCH_COLUMNS, BenchSettings, run_bench  # noqa: E402
 from engine.io import make_io  # noqa: E402
 from engine.kv_cache import SparsePolicy  # noqa: E402
 from engine.model import DenseDecoder, init_weights, tiny_cpu_config  # noqa: E402
@@ -67,12 +66,3 @@ def test_cuda_full_budget_decode_with_prefetch_equals_dense(selection):
         tokens = got.argmax(-1)
     timing = decoder.timer.table()
     assert bool((timing["seconds"] >= 0).all()) and "recall" in set(timing["name"])
-
-
-def test_cuda_bench_runs_and_reports_every_mode():
-    settings = BenchSettings(
-        fragment_bytes=(8 << 10,), recall_bytes=256 << 10, host_pool_bytes=4 << 20, plain_copy_bytes=4 << 20,
-        repeats=2, device="cuda",
-    )  # fmt: skip
-    results = run_bench(settings)
-    assert list(results.columns) == BENCH_COLUMNS and len(results) == 3

@@ -1,4 +1,4 @@
-"""I/O engine copy oracles: source unchanged, recalled slots equal their host blocks, other slots untouched,
+"""I/O engine copy oracles: source unchanged, recalled device blocks equal their host blocks, others untouched,
 and per_fragment and gather_scatter leave byte-identical pools (after vLLM's tests/v1/kv_offload/test_cpu_gpu.py)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_head_fragment_recall_copies_only_the_given_heads(make_pools, mode, bloc
     n = 6
     src = torch.randint(0, host_pool.num_blocks, (n,), generator=gen)  # heads may share a host block
     heads = torch.randint(0, num_kv_heads, (n,), generator=gen)
-    dst = torch.randperm(device_pool.num_blocks, generator=gen)[:n]  # unique slots, so unique (slot, head)
+    dst = torch.randperm(device_pool.num_blocks, generator=gen)[:n]  # unique device blocks, so unique (block, head)
     moved = _recall_all_layers(mode, device_pool, host_pool, src, dst, heads)
     assert moved == n * host_pool.fragment_bytes * len(host_pool.layers)
     for layer, dev in zip(host_pool.layers, device_pool.layers):
@@ -108,7 +108,7 @@ def test_empty_recall_moves_nothing(make_pools):
 def test_recall_rejects_misshaped_or_non_cpu_int64_indices(make_pools):
     device_pool, host_pool = make_pools()
     io = make_io("gather_scatter", host_pool, device_pool)
-    with pytest.raises(ValueError, match="dst_slots has 2 entries but src_ids has 3"):
+    with pytest.raises(ValueError, match="dst_block_ids has 2 entries but src_ids has 3"):
         io.recall(0, torch.tensor([0, 1, 2]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="src_ids must be a 1-D CPU int64 tensor"):
         io.recall(0, torch.tensor([0.0]), torch.tensor([0]))
@@ -132,7 +132,7 @@ def test_offload_copies_device_slots_to_host_blocks_in_every_layer(make_pools):
     offload_blocks(device_pool, host_pool, [3], [11])
     for i, layer in enumerate(host_pool.layers):
         assert bool((layer[11] == float(i + 1)).all())
-    with pytest.raises(ValueError, match="slots has 1 ids but host_ids has 2"):
+    with pytest.raises(ValueError, match="device_block_ids has 1 ids but host_ids has 2"):
         offload_blocks(device_pool, host_pool, [3], [1, 2])
 
 

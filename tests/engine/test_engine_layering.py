@@ -1,4 +1,4 @@
-"""The engine never imports the simulator (DESIGN.md, dependency direction)."""
+"""The engine never imports the simulator (docs/design.md, dependency direction)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ CHUNK_SIZES = [4, 32, 1000]
 
 @pytest.fixture(scope="module")
 def threads():
-    """One torch thread: on the 2 shared cores, two OpenMP threads can slow CPU decode 10x (MODEL.md)."""
+    """One torch thread: on the 2 shared cores, two OpenMP threads can slow CPU decode 10x (docs/sources.md §8)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,4 +1,4 @@
-"""Teacher-forced sparse-vs-dense accuracy (engine/accuracy.py) on the seeded tiny decoder, and once on SmolLM2."""
+"""Teacher-forced sparse-vs-dense accuracy (calibrate/accuracy/) on the seeded tiny decoder, and once on SmolLM2."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.accuracy import (  # noqa: E402
+from calibrate.accuracy import (  # noqa: E402
     ACCURACY_COLUMNS,
     ACCURACY_SELECTIONS,
     SHARED_SELECTIONS,
     AccuracySettings,
-    BlockLayout,
     attention_probs,
     block_masks,
     block_mass,
@@ -19,11 +18,12 @@ from engine.accuracy import (  # noqa: E402
     select_attended,
     teacher_forced_trace,
 )
+from engine.kv_cache import SparsePolicy  # noqa: E402
 from engine.model import DenseDecoder, init_weights, tiny_cpu_config  # noqa: E402
 from pulseinfer.cli import main  # noqa: E402
 
 CONTEXT, STEPS = 256, 6
-LAYOUT = BlockLayout(block_size=16, sink_tokens=16, recent_tokens=64)
+LAYOUT = SparsePolicy(block_size=16, sink_tokens=16, recent_tokens=64, budget_tokens=0)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_smollm2_at_2k_context_orders_selections_sanely():
     for budget in (256, 512, 1024):
         row = table.xs(budget, level="budget_tokens")
         assert row.loc["oracle", "mass_mean"] >= row["mass_mean"].max() - 1e-6  # per KV head by construction
-        # Measured on this fixed text (MODEL.md: scoring beats a window); 84 % vs 77 % at 256 tokens.
+        # Measured on this fixed text (docs/sources.md §8: scoring beats a window); 84 % vs 77 % at 256 tokens.
         assert row.loc["solohead", "mass_mean"] > row.loc["streaming", "mass_mean"]
     assert table.loc[("oracle", 1024), "mass_mean"] > 0.95  # measured 0.986 on this text (deterministic input)
 
@@ -227,7 +227,7 @@ def test_accuracy_command_without_smollm2_says_how_to_install(tmp_path, capsys, 
 
 
 def test_cli_default_steps_match_the_engine_default():
-    from engine.accuracy import DEFAULT_STEPS
+    from calibrate.accuracy import DEFAULT_STEPS
     from pulseinfer.commands import accuracy
 
     assert accuracy.DEFAULT_STEPS == DEFAULT_STEPS

@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from engine import bench  # noqa: E402
-from engine.bench import BENCH_COLUMNS, BenchSettings, format_table, run_bench  # noqa: E402
+from calibrate import bench_recall as bench  # noqa: E402
+from calibrate.bench_recall import BENCH_COLUMNS, BenchSettings, format_table, run_bench  # noqa: E402
 from pulseinfer.cli import main  # noqa: E402
 
 TINY = BenchSettings(
@@ -47,3 +47,14 @@ def test_engine_bench_command_rejects_a_file_as_out(tmp_path, capsys):
     target.write_text("x")
     assert main(["engine-bench", "--out", str(target)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bench_runs_and_reports_every_mode():
+    settings = BenchSettings(
+        fragment_bytes=(8 << 10,), recall_bytes=256 << 10, host_pool_bytes=4 << 20, plain_copy_bytes=4 << 20,
+        repeats=2, device="cuda",
+    )  # fmt: skip
+    results = run_bench(settings)
+    assert list(results.columns) == BENCH_COLUMNS and len(results) == 3

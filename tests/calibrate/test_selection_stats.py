@@ -1,4 +1,4 @@
-"""Selection statistics for the simulator's recall model (engine/selection_stats.py) on the seeded tiny decoder."""
+"""Selection statistics for the simulator's recall model (calibrate/selection_stats.py) on the seeded tiny decoder."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.accuracy import BlockLayout, teacher_forced_trace  # noqa: E402
-from engine.model import init_weights, tiny_cpu_config  # noqa: E402
-from engine.selection_stats import (  # noqa: E402
+from calibrate.accuracy import teacher_forced_trace  # noqa: E402
+from calibrate.selection_stats import (  # noqa: E402
     STATS_COLUMNS,
     change_counts,
     collect_selection_stats,
     lru_misses,
     working_set_sizes,
 )
+from engine.kv_cache import SparsePolicy  # noqa: E402
+from engine.model import init_weights, tiny_cpu_config  # noqa: E402
 
-LAYOUT = BlockLayout(block_size=16, sink_tokens=16, recent_tokens=64)
+LAYOUT = SparsePolicy(block_size=16, sink_tokens=16, recent_tokens=64, budget_tokens=0)
 
 
 @pytest.fixture(scope="module")

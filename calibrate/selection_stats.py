@@ -1,9 +1,9 @@
 """Per (layer, step) selection statistics of a real model, for the simulator's recall model.
 
-The simulator (DESIGN.md "Recall model") draws, per (request, layer, step), the fraction of the selected
+The simulator (docs/design.md "Recall model") draws, per (request, layer, step), the fraction of the selected
 blocks that changed since the previous step, lets an LRU recall buffer serve the returning ones and turns
 the rest into recalls: one fragment per block (SoloHead) or per (block, KV head) (head-wise). This module
-measures those quantities on one teacher-forced pass (`engine.accuracy.teacher_forced_trace`: dense
+measures those quantities on one teacher-forced pass (`calibrate.accuracy.teacher_forced_trace`: dense
 prefill, then M true tokens, every layer on the dense residual stream). The fit that turns the table into
 the simulator's ``recall_stats`` lives in calibrate/selection_fit.py (no torch there).
 
@@ -15,12 +15,12 @@ Per budget, layer l (every layer, 0 and 1 included) and step t, with S_t the Sol
   * ``returning_blocks``: changed-in blocks that were selected at some step in t-w..t-1 (w =
     ``working_set_steps``); NaN for t < w, where that history is incomplete.
   * ``working_set_blocks``: |S_{t-w+1} U ... U S_t|, the distinct blocks of the last w steps (NaN for
-    t < w - 1); the simulator assumes k (1 + w m) for a change fraction m (sim/recall.py).
+    t < w - 1); the simulator assumes k (1 + w m) for a change fraction m (sim/step/recall.py).
   * ``missing_blocks``, ``miss_frac``: blocks of S_t not in an LRU recall buffer of ``buffer_blocks`` blocks
     (the reference buffer of tests/sim/test_recall_reference.py: after each step every selected block is
     touched, in ascending id, then the least recently used are evicted down to the capacity). The buffer
     starts empty, so step 0 is cold (miss_frac 1). A block that just left the recent window was never
-    recalled, so it is missing when first selected (the engine frees its device slot on offload).
+    recalled, so it is missing when first selected (the engine frees its device block on offload).
   * ``headwise_union_blocks`` |U_h S_t^h| and ``union_ratio`` = union / k_t.
   * ``headwise_missing_head_blocks``: sum over KV heads of |S_t^h| not in that head's own LRU buffer of
     ``buffer_blocks`` head-blocks (the simulator's per-head buffer); ``headwise_miss_frac`` divides by
@@ -39,7 +39,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from engine.accuracy import BlockLayout, LayerScores, TeacherForcedTrace, select_attended, teacher_forced_trace
+from calibrate.accuracy import (
+    DEFAULT_LAYOUT,
+    LayerScores,
+    TeacherForcedTrace,
+    select_attended,
+    teacher_forced_trace,
+)
+from engine.kv_cache import SparsePolicy
 from engine.model import DecoderConfig, DecoderWeights
 
 STATS_COLUMNS = [
@@ -149,7 +156,7 @@ def layer_stats(
 def collect_selection_stats(
     trace: TeacherForcedTrace,
     budgets_tokens: Sequence[int],
-    layout: BlockLayout,
+    layout: SparsePolicy,
     buffer_blocks: int | None = None,
     working_set_steps: int = 12,
     selection: str = "solohead",
@@ -159,7 +166,7 @@ def collect_selection_stats(
     Args:
         trace: from `teacher_forced_trace` (same layout).
         budgets_tokens: selected tokens per (layer, step), each >= layout.block_size.
-        layout: block size, sink and recent window.
+        layout: block size, sink and recent window (its budget_tokens is not read).
         buffer_blocks: LRU recall buffer per (layer) in blocks (per KV head for head-wise); None: twice the
             budget's blocks (the simulator's default ratio, 128 buffer blocks for a 64-block budget).
         working_set_steps: w, the window of `returning_blocks`.
@@ -209,13 +216,12 @@ def selection_stats(
     tokens: torch.Tensor,
     context_tokens: int,
     budgets_tokens: Sequence[int],
-    layout: BlockLayout | None = None,
+    layout: SparsePolicy = DEFAULT_LAYOUT,
     buffer_blocks: int | None = None,
     working_set_steps: int = 12,
     chunk_tokens: int = 512,
 ) -> pd.DataFrame:
     """One teacher-forced pass over tokens (context, then len(tokens) - context_tokens steps), then
     `collect_selection_stats` for every budget. Raises ValueError as those two do."""
-    layout = layout or BlockLayout()
     trace = teacher_forced_trace(config, weights, tokens, context_tokens, layout, chunk_tokens)
     return collect_selection_stats(trace, budgets_tokens, layout, buffer_blocks, working_set_steps)
