@@ -10,7 +10,7 @@ import pytest
 from pulseinfer.cli import EXIT_BAD_INPUT, main
 from traces import SHIPPED_TRACES
 
-# (rows, input line, output line, share line) as printed; numbers as in ../shared/traces/README.md
+# (rows, input line, output line, share line) as printed; numbers as in traces/data/README.md
 EXPECTED = {
     "mooncake_conversation": (
         "5,719", "mean 12,870   p50 7,640   p90 28,638   p99 91,207   max 123,192",

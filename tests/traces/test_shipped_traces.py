@@ -1,4 +1,4 @@
-"""The shipped traces reproduce the statistics published in traces/data/README.md (and ../shared/traces/README.md)."""
+"""The shipped traces reproduce the statistics published in traces/data/README.md."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_mooncake_conversation_keeps_hash_ids(mooncake_conversation):
     assert mooncake_conversation["hash_ids"].iloc[0] == list(range(14))
 
 
-# Every shipped trace against ../shared/traces/README.md (copied into traces/data/README.md): rows, then the
+# Every shipped trace against traces/data/README.md: rows, then the
 # statistics rounded as printed there (tokens to integers, shares to 0.1 %, rate to 3 decimals).
 README_STATS = {
     "azure_code_2023": {
