@@ -100,7 +100,7 @@ def test_trace_stats_of_a_small_table(make_requests):
     stats = trace_stats(df)
     assert stats["rows"] == 3
     assert stats["span_s"] == 4.0
-    assert stats["rate_per_s"] == 0.75  # rows / span, as in shared/traces/README.md
+    assert stats["rate_per_s"] == 0.75  # rows / span, as in traces/data/README.md
     assert stats["output_tokens_mean"] == 3.0
     assert stats["output_tokens_p50"] == 2.0
     assert stats["output_tokens_p90"] == pytest.approx(5.2)  # linear interpolation
