@@ -46,6 +46,25 @@ class Policy:
         """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
         return -(-future_tokens // self.block_size)
 
-    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
-        """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
+    recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
+    reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)
+
+    def step_cost(
+        self,
+        ctx: np.ndarray,
+        offloaded: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        recall_state: np.ndarray | None = None,
+        free_hbm_bytes: int = 0,
+    ) -> StepCost:
+        """Cost of one decode step in which each request attends its ``ctx`` KV tokens.
+
+        Args:
+            ctx: int64 [n] KV tokens each request attends (cached tokens + the new one).
+            offloaded: bool [n]; cold: bool [n] first step after (re)admission.
+            rng: the replica's seeded generator.
+            recall_state: float [n, recall_state_width] per-request recall state, updated in place.
+            free_hbm_bytes: KV-pool bytes free now (a dynamically sized shared recall cache lives there).
+        """
         raise NotImplementedError
