@@ -24,6 +24,8 @@ class Policy:
         self.model = scenario.model
         profile = scenario.profile
         self.compute = ComputeModel(scenario.model, scenario.hardware, profile.compute if profile else None)
+        tpot_ms = scenario.slo.tpot_ms
+        self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
         self.admission = Admission(self)  # who joins the batch; offload policies may own an IO-adaptive one
 
     def wants_offload(self, prompt_tokens: int) -> bool:
@@ -45,6 +47,11 @@ class Policy:
     def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
         return -(-future_tokens // self.block_size)
+
+    def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
+        """Whether a shared recall cache would hold the working sets of ``num_offloaded`` offloaded requests when
+        the KV pool has ``free_hbm_bytes`` free (always, for a policy without one)."""
+        return True
 
     recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
     reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)

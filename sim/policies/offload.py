@@ -177,6 +177,16 @@ class OffloadServing(Policy):
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
 
+    def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
+        """Shared recall cache: the offloaded requests' expected working sets (budget blocks × KV heads for
+        head-wise × layers × W/k, sim/step/recall.py) within the cache (its fixed size, or the free pool)."""
+        if not self.shared_cache:
+            return True
+        rec = self.recall
+        working = rec.budget_blocks * rec.heads * float((1.0 + rec.working_growth).sum())
+        cache_bytes = self.reserved_hbm_bytes or free_hbm_bytes
+        return num_offloaded * working <= cache_bytes / rec.fragment_bytes
+
     def _recall(self, ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes):
         """The recall model's answer for the offloaded requests (their state rows updated in place)."""
         cache = None
