@@ -33,13 +33,14 @@ class RecallStatsSpec(Spec):
 
     Defaults are measured (`pulseinfer calibrate selection`, SmolLM2-135M over the shipped text; docs/sources.md
     §8): the depth curve, a, returning fraction and working set are the 8K-context fit at budget 512
-    (scenarios/profiles/smollm2-8k-selection.yaml, Gaussian-smoothed to 5 knots); the head-wise ratio is the 8K LRU miss
-    0.072 / 0.029; layer_sigma, drift_sigma and drift_corr are the 2K fit at budget 512 (log-sd of per-layer
-    means around the depth curve 0.46; step-level co-movement and lag-1 correlation 0.24); no topic shift was
-    measured on that text (burst_prob 0). request_sigma has no measurement (one text) and defaults to
-    layer_sigma's level, a model assumption. Published priors they agree with: fewer than 25 % of blocks change
-    per step (NOSA), adjacent-step top-k overlap of 95 % or more (DeepSeek-V4 sparse attention), a 12-step
-    working set (SparseServe) — docs/sources.md §2.2, §7.
+    (scenarios/profiles/smollm2-8k-selection.yaml, Gaussian-smoothed to 5 knots); the head-wise ratio is the 8K LRU
+    miss 0.072 / 0.029; fresh_block_frac, layer_sigma, drift_sigma and drift_corr are the 2K fit at budget 512
+    (calibrate/selection_structure.py: 87 % of layers select a block the moment it leaves the recent window; the
+    layers' misses spread with a log-sd of 0.52 beyond their change; steps co-move with a log-sd of 0.44 and a
+    lag-1 correlation of 0.35); no topic shift was measured on that text (burst_prob 0). request_sigma has no
+    measurement (one text) and is set at layer_sigma's level, a model assumption. Published priors they agree
+    with: fewer than 25 % of blocks change per step (NOSA), adjacent-step top-k overlap of 95 % or more
+    (DeepSeek-V4 sparse attention), a 12-step working set (SparseServe) — docs/sources.md §2.2, §7.
     """
 
     change_mean_by_depth: Annotated[list[tuple[float, float]], Field(min_length=1)] = [
@@ -58,13 +59,16 @@ class RecallStatsSpec(Spec):
     working_set_ratio: Annotated[float, Field(ge=1)] | None = 1.75
     headwise_union_ratio: Annotated[float, Field(ge=1)] | None = None  # measured |∪_h S_h| / k; informational
     headwise_miss_ratio: Annotated[float, Field(ge=1)] = 2.48  # head-wise change / SoloHead change (measured)
-    request_sigma: Annotated[float, Field(ge=0, le=3)] = 0.46  # log-sd of the per-request factor
-    layer_sigma: Annotated[float, Field(ge=0, le=3)] = 0.46  # log-sd of the per-(request, layer) factor
-    drift_sigma: Annotated[float, Field(ge=0, le=3)] = 0.35  # log-sd of the per-request AR(1) drift
-    drift_corr: Annotated[float, Field(ge=0, lt=1)] = 0.24  # lag-1 correlation of the drift between steps
+    request_sigma: Annotated[float, Field(ge=0, le=3)] = 0.5  # log-sd of the per-request factor
+    layer_sigma: Annotated[float, Field(ge=0, le=3)] = 0.52  # log-sd of the per-(request, layer) factor
+    drift_sigma: Annotated[float, Field(ge=0, le=3)] = 0.44  # log-sd of the per-request AR(1) drift
+    drift_corr: Annotated[float, Field(ge=0, lt=1)] = 0.35  # lag-1 correlation of the drift between steps
     burst_prob: Annotated[float, Field(ge=0, le=1)] = 0.0  # per request and step: a topic shift starts
     burst_steps: Annotated[float, Field(ge=1)] = 4.0  # mean length of a topic shift in steps
     burst_change_frac: Annotated[float, Field(gt=0, le=1)] = 0.5  # change fraction during a shift
+    # Share of layers whose selection takes the block that has just left the recent window (every block_size
+    # steps); it was never recalled, so it misses (the engine frees its device block on offload).
+    fresh_block_frac: Annotated[float, Field(ge=0, le=1)] = 0.87
 
     @model_validator(mode="after")
     def _check_knots(self) -> RecallStatsSpec:

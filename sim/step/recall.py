@@ -221,6 +221,20 @@ class RecallModel:
         q[cold] = 1.0
         return q
 
+    def fresh_misses(self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray | int:
+        """Fragments of the block that just left the recent window, recalled where a layer selects it (int [n, L]).
+
+        Every ``block_size`` tokens a block leaves the window for the host; each layer selects it at once with
+        probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never recalled before, it misses.
+        """
+        frac = self.stats.fresh_block_frac
+        fresh = ~cold & (ctx > self.window_tokens) & ((ctx - self.window_tokens) % self.block_size == 0)
+        if frac <= 0 or not fresh.any() or self.fixed_miss_frac is not None:
+            return 0
+        out = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
+        out[fresh] = rng.binomial(self.heads, frac, size=(int(fresh.sum()), self.num_layers))
+        return out
+
     def step(
         self,
         ctx: np.ndarray,
@@ -254,6 +268,7 @@ class RecallModel:
             return LayerRecall(nbytes, frags, contiguous, int(frags.sum()))
         q = self.miss_frac(selected, cold, rng, state, cache_fragments)
         missing = np.floor((selected * self.heads)[:, None] * q + rng.random(q.shape)).astype(np.int64)
+        missing += self.fresh_misses(ctx, cold, rng)
         if G == 1:
             frags = missing.sum(axis=0)[None, :]
         else:
