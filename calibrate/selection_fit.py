@@ -32,6 +32,7 @@ from math import exp, lgamma, log
 import numpy as np
 import pandas as pd
 
+from calibrate.selection_structure import fit_structure
 from sim.config import RecallStatsSpec
 from sim.step.recall import kumaraswamy_b
 
@@ -123,13 +124,18 @@ def working_set_ratio(df: pd.DataFrame, working_set_steps: int) -> float:
     return float((settled["working_set_blocks"] / settled["selected_blocks"].clip(lower=1)).mean())
 
 
-def fit_recall_stats(df: pd.DataFrame, num_layers: int, working_set_steps: int = 12) -> dict:
+def fit_recall_stats(
+    df: pd.DataFrame, num_layers: int, working_set_steps: int = 12, block_size: int | None = None
+) -> dict:
     """Fit the simulator's recall statistics to one budget's selection statistics (module docstring).
 
     Args:
         df: rows of calibrate.selection_stats.STATS_COLUMNS for one budget_tokens, layers 0..num_layers-1.
         num_layers: L of the measured model (depth of layer l is l / (L - 1)).
         working_set_steps: w; must equal the table's ``working_set_steps``.
+        block_size: tokens per block of the measurement; when given, the structure (fresh-block misses, per-layer
+            spread, drift, topic shifts; calibrate/selection_structure.py) and the head-wise miss ratio are fitted
+            too.
 
     Returns:
         {"change_mean_by_depth": [[depth, mean], ...] (one knot per layer), "change_shape_a": float,
@@ -158,6 +164,11 @@ def fit_recall_stats(df: pd.DataFrame, num_layers: int, working_set_steps: int =
         "working_set_ratio": max(1.0, working_set_ratio(df, working_set_steps)),
         "headwise_union_ratio": max(1.0, float(df[df["step"] >= 1]["union_ratio"].mean())),
     }
+    if block_size is not None:
+        stats.update(fit_structure(df, block_size, working_set_steps))
+        settled = df[df["step"] >= working_set_steps]
+        solo, head = float(settled["miss_frac"].mean()), float(settled["headwise_miss_frac"].mean())
+        stats["headwise_miss_ratio"] = max(1.0, head / solo) if solo > 0 else 1.0
     RecallStatsSpec.model_validate(stats)
     return stats
 

@@ -11,37 +11,64 @@ from sim.config.cards import HardwareSpec, ModelSpec
 
 
 class RecallStatsSpec(Spec):
-    """How selections change from step to step, per layer (docs/design.md "Recall model").
+    """How selections change from step to step, per layer and per request (docs/design.md §7).
 
-    The fraction of a (request, layer)'s selected blocks that changes from one step to the next is drawn
-    per (request, layer, step) from a Kumaraswamy(a, b) distribution on [0, 1] whose mean follows
+    The fraction of a (request, layer)'s selected blocks that changes from one step to the next is drawn per
+    (request, layer, step) from a Kumaraswamy(a, b) distribution on [0, 1] whose mean follows
     ``change_mean_by_depth`` (piecewise linear in normalised depth l / (num_layers − 1), so statistics of a
-    30-layer model transfer to a 40-layer one). Of the changed-in blocks, ``returning_frac`` were
-    selected within the last ``working_set_steps`` steps and hit the recall buffer when it holds that
-    working set; the rest are new and always recalled.
+    30-layer model transfer to a 40-layer one), times factors that persist:
 
-    A profile from ``pulseinfer calibrate selection`` replaces these with a real model's measurements
-    (calibrate/selection_fit.py), including ``working_set_ratio``, the measured size of the working set.
+    * a per-request factor exp(request_sigma · z_r) and a per-(request, layer) factor exp(layer_sigma · z_rl),
+      drawn when the request joins the batch (variation across requests and layers that lasts);
+    * a per-request drift exp(drift_sigma · x_t), x an AR(1) process with lag-1 correlation ``drift_corr``
+      (a request whose attention drifts keeps drifting for a while; it moves every layer of the step together);
+    * topic shifts: with probability ``burst_prob`` per request and step a shift starts and lasts a geometric
+      number of steps of mean ``burst_steps``, during which ``burst_change_frac`` of every layer's selection
+      changes to blocks never selected before.
 
-    Defaults (Model assumption, placeholders until the engine measures them on a real model): the level,
-    under 25 % of blocks changing per step, is NOSA's (docs/sources.md §2.1); ``returning_frac`` 0.5 and the
-    12-step window are SparseServe's working-set figures (+10.7 % overlap from 1 to 12 steps, +0.3 % beyond,
-    §2.2); the higher change in early layers follows docs/sources.md §8 ("layers 0–1 attend diffusely").
+    Factors are mean-corrected (E = 1) and the product is capped at 1. Of the changed-in blocks outside a shift,
+    ``returning_frac`` were selected within the last ``working_set_steps`` steps and hit the recall buffer (or
+    the shared recall cache) when it holds that working set; the rest are new and always recalled. Head-wise
+    selection (each KV head its own set) changes ``headwise_miss_ratio`` times as much as SoloHead's shared set.
+
+    Defaults are measured (`pulseinfer calibrate selection`, SmolLM2-135M over the shipped text; docs/sources.md
+    §8): the depth curve, a, returning fraction and working set are the 8K-context fit at budget 512
+    (scenarios/profiles/smollm2-8k-selection.yaml, Gaussian-smoothed to 5 knots); the head-wise ratio is the 8K LRU
+    miss 0.072 / 0.029; fresh_block_frac, layer_sigma, drift_sigma and drift_corr are the 2K fit at budget 512
+    (calibrate/selection_structure.py: 87 % of layers select a block the moment it leaves the recent window; the
+    layers' misses spread with a log-sd of 0.52 beyond their change; steps co-move with a log-sd of 0.44 and a
+    lag-1 correlation of 0.35); no topic shift was measured on that text (burst_prob 0). request_sigma has no
+    measurement (one text) and is set at layer_sigma's level, a model assumption. Published priors they agree
+    with: fewer than 25 % of blocks change per step (NOSA), adjacent-step top-k overlap of 95 % or more
+    (DeepSeek-V4 sparse attention), a 12-step working set (SparseServe) — docs/sources.md §2.2, §7.
     """
 
     change_mean_by_depth: Annotated[list[tuple[float, float]], Field(min_length=1)] = [
-        (0.0, 0.30),
-        (0.1, 0.22),
-        (1.0, 0.16),
+        (0.0, 0.184),
+        (0.25, 0.125),
+        (0.5, 0.194),
+        (0.75, 0.213),
+        (1.0, 0.178),
     ]
-    change_shape_a: PositiveFloat = 2.0  # Kumaraswamy a; b follows from the mean
-    returning_frac: Annotated[float, Field(ge=0, le=1)] = 0.5
+    change_shape_a: PositiveFloat = 2.88  # Kumaraswamy a; b follows from the mean
+    returning_frac: Annotated[float, Field(ge=0, le=1)] = 0.83
     working_set_steps: PositiveInt = 12
     # Measured W / k: distinct blocks selected over the last working_set_steps steps per selected block
     # (`pulseinfer calibrate selection`). None: the model assumption W = k (1 + w · m_l). Selections that flicker
     # among a few blocks have a far smaller working set (SmolLM2, 2K context, budget 512: 1.54 vs 2.7).
-    working_set_ratio: Annotated[float, Field(ge=1)] | None = None
+    working_set_ratio: Annotated[float, Field(ge=1)] | None = 1.75
     headwise_union_ratio: Annotated[float, Field(ge=1)] | None = None  # measured |∪_h S_h| / k; informational
+    headwise_miss_ratio: Annotated[float, Field(ge=1)] = 2.48  # head-wise change / SoloHead change (measured)
+    request_sigma: Annotated[float, Field(ge=0, le=3)] = 0.5  # log-sd of the per-request factor
+    layer_sigma: Annotated[float, Field(ge=0, le=3)] = 0.52  # log-sd of the per-(request, layer) factor
+    drift_sigma: Annotated[float, Field(ge=0, le=3)] = 0.44  # log-sd of the per-request AR(1) drift
+    drift_corr: Annotated[float, Field(ge=0, lt=1)] = 0.35  # lag-1 correlation of the drift between steps
+    burst_prob: Annotated[float, Field(ge=0, le=1)] = 0.0  # per request and step: a topic shift starts
+    burst_steps: Annotated[float, Field(ge=1)] = 4.0  # mean length of a topic shift in steps
+    burst_change_frac: Annotated[float, Field(gt=0, le=1)] = 0.5  # change fraction during a shift
+    # Share of layers whose selection takes the block that has just left the recent window (every block_size
+    # steps); it was never recalled, so it misses (the engine frees its device block on offload).
+    fresh_block_frac: Annotated[float, Field(ge=0, le=1)] = 0.87
 
     @model_validator(mode="after")
     def _check_knots(self) -> RecallStatsSpec:

@@ -54,6 +54,13 @@ class OffloadPolicy(DensePolicy):
     sink_tokens: Annotated[int, Field(ge=0)] = 128
     recent_tokens: Annotated[int, Field(ge=0)] = 512
     recall_buffer_blocks: Annotated[int, Field(ge=0)] = 128  # per request and layer (per head: headwise)
+    # Where recalled blocks stay on the GPU between steps: a private LRU buffer of recall_buffer_blocks per
+    # (request, layer), or one HBM cache per GPU, LRU over (request, layer, block), whose misses rise when the
+    # batch's working sets exceed it (sim/step/recall.py ``shared_hit``).
+    recall_cache: Literal["per_request", "shared"] = "per_request"
+    # Size of the shared cache; None = whatever the KV pool leaves free at each step (after weights, reserve,
+    # dense requests, resident windows and summaries), so admitting more requests shrinks it.
+    recall_cache_gib: Annotated[float, Field(gt=0)] | None = None
     offload_threshold_tokens: PositiveInt = 8192
     max_offloaded_requests: PositiveInt = 256
     # Fixed fraction of the selection recalled each step, instead of drawing it from recall_stats.

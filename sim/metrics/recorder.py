@@ -89,14 +89,15 @@ class Recorder:
             cost: the decode step's cost (attended tokens, recall bytes, fragments, transfers), None for prefill.
             kv_state: (device blocks used, HBM bytes used, host bytes used) after the step.
         """
-        attended = recall_bytes = fragments = transfers = 0
+        attended = recall_bytes = fragments = transfers = selected = 0
         if cost is not None:
             attended, recall_bytes = cost.attended_tokens, cost.recall_bytes
-            fragments, transfers = cost.num_fragments, cost.num_transfers
+            fragments, transfers, selected = cost.num_fragments, cost.num_transfers, cost.selected_fragments
         blocks_used, hbm_bytes, host_bytes = kv_state
         self.steps.append(
             (
                 len(self.steps), phase, start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens,
                 attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, blocks_used, hbm_bytes, host_bytes,
+                selected,
             )
         )  # fmt: skip

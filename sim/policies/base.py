@@ -24,6 +24,8 @@ class Policy:
         self.model = scenario.model
         profile = scenario.profile
         self.compute = ComputeModel(scenario.model, scenario.hardware, profile.compute if profile else None)
+        tpot_ms = scenario.slo.tpot_ms
+        self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
         self.admission = Admission(self)  # who joins the batch; offload policies may own an IO-adaptive one
 
     def wants_offload(self, prompt_tokens: int) -> bool:
@@ -46,6 +48,30 @@ class Policy:
         """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
         return -(-future_tokens // self.block_size)
 
-    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
-        """Cost of one decode step in which each request attends its ``ctx`` KV tokens."""
+    def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
+        """Whether a shared recall cache would hold the working sets of ``num_offloaded`` offloaded requests when
+        the KV pool has ``free_hbm_bytes`` free (always, for a policy without one)."""
+        return True
+
+    recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
+    reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)
+
+    def step_cost(
+        self,
+        ctx: np.ndarray,
+        offloaded: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        recall_state: np.ndarray | None = None,
+        free_hbm_bytes: int = 0,
+    ) -> StepCost:
+        """Cost of one decode step in which each request attends its ``ctx`` KV tokens.
+
+        Args:
+            ctx: int64 [n] KV tokens each request attends (cached tokens + the new one).
+            offloaded: bool [n]; cold: bool [n] first step after (re)admission.
+            rng: the replica's seeded generator.
+            recall_state: float [n, recall_state_width] per-request recall state, updated in place.
+            free_hbm_bytes: KV-pool bytes free now (a dynamically sized shared recall cache lives there).
+        """
         raise NotImplementedError

@@ -17,7 +17,15 @@ class DenseServing(Policy):
     def growth_one(self, future_tokens: int, offloaded: bool) -> int:
         return -(-future_tokens // self.block_size)
 
-    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
+    def step_cost(
+        self,
+        ctx: np.ndarray,
+        offloaded: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        recall_state: np.ndarray | None = None,
+        free_hbm_bytes: int = 0,
+    ) -> StepCost:
         attended = int(ctx.sum())
         batch = len(ctx)
         layer_s = self.compute.decode_layer_s(batch, attended)

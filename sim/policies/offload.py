@@ -48,7 +48,12 @@ class OffloadServing(Policy):
         bs = params.block_size
         self.window_blocks = -(-params.sink_tokens // bs) + -(-params.recent_tokens // bs) + 1
         self.full = params.selection == "all"
-        self.resident_blocks = self.window_blocks + (0 if self.full else params.recall_buffer_blocks)
+        self.shared_cache = params.recall_cache == "shared" and not self.full
+        buffer_blocks = 0 if self.full or self.shared_cache else params.recall_buffer_blocks
+        self.resident_blocks = self.window_blocks + buffer_blocks
+        self.recall_state_width = self.recall.state_width if self.recall.structured and not self.full else 0
+        fixed = params.recall_cache_gib if self.shared_cache else None
+        self.reserved_hbm_bytes = int(fixed * 2**30) if fixed is not None else 0
         self.sparse_tokens = params.sink_tokens + params.recent_tokens + params.budget_tokens
         self.num_layers = scenario.model.num_layers
         self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
@@ -109,7 +114,15 @@ class OffloadServing(Policy):
         gather, link = self.link.layer_times([nbytes], [fragments], self.link_io, self.params.chunk_bytes)
         return float(gather[0]), float(link[0])
 
-    def step_cost(self, ctx: np.ndarray, offloaded: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> StepCost:
+    def step_cost(
+        self,
+        ctx: np.ndarray,
+        offloaded: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        recall_state: np.ndarray | None = None,
+        free_hbm_bytes: int = 0,
+    ) -> StepCost:
         batch, L, G = len(ctx), self.num_layers, self.groups
         if self.full:
             attended_each = ctx
@@ -132,8 +145,11 @@ class OffloadServing(Policy):
             cost.compute_s = [
                 self.compute.decode_layer_s(int(b), int(a)) + self._select_s(c) for b, a, c in zip(sizes, att, cand)
             ] * L
-        rec = self.recall.step(ctx[offloaded], cold[offloaded], rng, groups[offloaded], G) if n_off else None
-        if rec is None or not rec.nbytes.any():
+        if not n_off:
+            return cost
+        rec = self._recall(ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes)
+        cost.selected_fragments = rec.selected_fragments
+        if not rec.nbytes.any():
             return cost
         slow = self.link.d2h_slowdown(n_off * self.kv_bytes_per_token, sum(cost.compute_s))
         gather, link = self._link_times(rec)  # float [G, L]
@@ -160,6 +176,28 @@ class OffloadServing(Policy):
         lookahead = self.params.lookahead_layers * self.groups
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
+
+    def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
+        """Shared recall cache: the offloaded requests' expected working sets (budget blocks × KV heads for
+        head-wise × layers × W/k, sim/step/recall.py) within the cache (its fixed size, or the free pool)."""
+        if not self.shared_cache:
+            return True
+        rec = self.recall
+        working = rec.budget_blocks * rec.heads * float((1.0 + rec.working_growth).sum())
+        cache_bytes = self.reserved_hbm_bytes or free_hbm_bytes
+        return num_offloaded * working <= cache_bytes / rec.fragment_bytes
+
+    def _recall(self, ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes):
+        """The recall model's answer for the offloaded requests (their state rows updated in place)."""
+        cache = None
+        if self.shared_cache:  # fragments the shared cache holds: a fixed size, or what the pool leaves free
+            cache_bytes = self.reserved_hbm_bytes or free_hbm_bytes
+            cache = cache_bytes / self.recall.fragment_bytes
+        state = recall_state[offloaded] if self.recall_state_width and recall_state is not None else None
+        rec = self.recall.step(ctx[offloaded], cold[offloaded], rng, groups[offloaded], self.groups, state, cache)
+        if state is not None:
+            recall_state[offloaded] = state
+        return rec
 
     def _candidates(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         """Blocks selection scores per request (int64 [n]); zeros without a measured selection cost (not needed)."""

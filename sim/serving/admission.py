@@ -12,11 +12,13 @@ and preemption. Two kinds:
   and is reset by a preemption, as SGLang's scheduler does, docs/sources.md); an offloaded request also needs
   host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at the
   first request that must wait.
-* :class:`IoAdaptiveAdmission` (``admission: io_adaptive``): additionally (1) runs a long request dense while
-  the pool keeps ``dense_headroom_frac`` free after it, and (2) lets an offloaded request join only while the
-  predicted per-layer recall of the next step stays within φ × the predicted per-layer compute
-  (:class:`RecallBudget`, φ adapted by AIMD on the measured stall). A request held back only by (2) lets up
-  to ``BYPASS_SCAN`` requests behind it try (dense ones get in).
+* :class:`IoAdaptiveAdmission` (``admission: io_adaptive``): additionally lets an offloaded request join only
+  while (1) the predicted per-layer recall of the next step stays within φ × the predicted per-layer compute
+  (:class:`RecallBudget`, φ adapted by AIMD on the measured stall) and (2) with a shared recall cache, the
+  offloaded requests' working sets fit in what the cache holds after it joins (else the batch would thrash the
+  cache, SparseServe's over-admission collapse); a request held back runs dense instead if the pool keeps
+  ``dense_headroom_frac`` free after it and the next step stays within the TPOT SLO, else it waits and lets up to
+  ``BYPASS_SCAN`` requests behind it try.
 
 Model assumption: admission only gates who joins; running requests are never evicted when φ shrinks.
 """
@@ -116,9 +118,15 @@ class Admission:
         reason = self.never_fits(req, kv)
         if reason:
             return reason
-        pol = self.policy
         target = req.prompt_tokens + req.generated if cached is None else cached
-        offloaded = self.choose_offload(req, kv, reserved)
+        verdict = self._try(req, kv, batch, reserved, target, self.offload_possible(req, kv))
+        if verdict == WAIT_IO and self.dense_fallback(req, kv, batch, reserved):
+            verdict = self._try(req, kv, batch, reserved, target, False)
+        return verdict
+
+    def _try(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, target: int, offloaded: bool) -> str:
+        """Admit ``req`` dense or offloaded if memory (and, offloaded, the I/O bound) allows: blocks taken on OK."""
+        pol = self.policy
         need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
         host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
         req.offloaded = offloaded
@@ -127,19 +135,20 @@ class Admission:
         # The reservation rounds up per block; never ask for more than the request can ever hold.
         if min(need + self.future_blocks(req), worst) > kv.device.free - reserved:
             return WAIT
-        if offloaded and not self.io_allows(kv, batch):
+        if offloaded and not self.io_allows(kv, batch, need + reserved):
             return WAIT_IO
         kv.hold(req, need, host_need)
         req.prefill_target, req.prefilled = target, 0
         return OK
 
-    def choose_offload(self, req: Request, kv: KvState, reserved: float) -> bool:
-        """Whether ``req`` runs offloaded: the policy wants it and the host can hold its KV."""
-        return self.offload_possible(req, kv)
-
-    def io_allows(self, kv: KvState, batch: DecodeBatch) -> bool:
-        """Whether the link has room for one more offloaded request (always, for memory-only admission)."""
+    def io_allows(self, kv: KvState, batch: DecodeBatch, taken_blocks: float) -> bool:
+        """Whether the link (and a shared recall cache) has room for one more offloaded request that would take
+        ``taken_blocks`` more of the pool (always, for memory-only admission)."""
         return True
+
+    def dense_fallback(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float) -> bool:
+        """Whether a request the I/O bound holds back may run dense instead (never, for memory-only admission)."""
+        return False
 
     def offload_possible(self, req: Request, kv: KvState) -> bool:
         """The policy wants ``req`` offloaded and the host can hold its KV (else it runs dense)."""
@@ -224,6 +233,7 @@ class IoAdaptiveAdmission(Admission):
         self.budget = budget
         self.dense_headroom_frac = policy.params.dense_headroom_frac
         self.sparse_tokens = policy.sparse_tokens
+        self.tpot_slo_s = policy.tpot_slo_s
         self.last_attended = 0  # KV tokens read per layer by the last decode step
 
     def on_decode_step(self, attended_tokens: int) -> None:
@@ -233,17 +243,36 @@ class IoAdaptiveAdmission(Admission):
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         self.budget.observe(step_s, stall_s, link_busy_s)
 
-    def choose_offload(self, req: Request, kv: KvState, reserved: float) -> bool:
-        """Offload only if running ``req`` dense would leave less than ``dense_headroom_frac`` of the pool free."""
-        if not self.offload_possible(req, kv):
-            return False
-        dense_worst = self.policy.blocks_one(req.total_tokens, False)
-        return dense_worst + self.dense_headroom_frac * kv.device.capacity > kv.device.free - reserved
+    def dense_fallback(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float) -> bool:
+        """Run ``req`` dense when the I/O bound holds it back, if (1) the pool keeps ``dense_headroom_frac`` free
+        after its whole KV, (2) reading its context densely adds no more to a layer's time than the batch's
+        requests cost on average (so throughput cannot fall), and (3) the next step stays within the TPOT SLO.
 
-    def io_allows(self, kv: KvState, batch: DecodeBatch) -> bool:
-        """Predicted recall of the next step, with one more cold offloaded request, within φ × layer compute."""
+        Offloaded is the preferred mode (a long request attends its budget instead of its whole context, so its
+        step is cheaper); dense is the fallback that uses spare HBM while the link is the bottleneck, never at the
+        price of throughput or of the TPOT tail (so more HBM cannot make either worse).
+        """
+        dense_worst = self.policy.blocks_one(req.total_tokens, False)
+        if dense_worst + self.dense_headroom_frac * kv.device.capacity > kv.device.free - reserved:
+            return False
+        compute, n = self.policy.compute, len(batch)
+        attended = self.last_attended + req.prompt_tokens + req.generated
+        layer_s = compute.decode_layer_s(n + 1, attended)
+        if n and layer_s - compute.decode_layer_s(n, self.last_attended) > layer_s / (n + 1):
+            return False
+        if self.tpot_slo_s is None:
+            return True
+        step_s = compute.num_layers * layer_s + compute.decode_head_s(n + 1) + compute.step_overhead_s
+        return step_s <= self.tpot_slo_s
+
+    def io_allows(self, kv: KvState, batch: DecodeBatch, taken_blocks: float) -> bool:
+        """Predicted recall of the next step, with one more cold offloaded request, within φ × layer compute; and,
+        with a shared recall cache, the offloaded requests' working sets within what the cache holds after it."""
         if kv.num_offloaded == 0:
             return True  # always let one in: with nothing offloaded there is no recall to protect
+        free_after_bytes = max(kv.device.free - taken_blocks, 0) * kv.block_bytes
+        if not self.policy.cache_holds(kv.num_offloaded + 1, free_after_bytes):
+            return False
         in_batch = int(batch.offloaded.sum())
         cold_in_batch = int((batch.offloaded & batch.cold).sum())
         waiting_prefill = kv.num_offloaded - in_batch  # admitted, still prefilling: cold when they join

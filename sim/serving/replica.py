@@ -76,16 +76,17 @@ class Replica:
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = scenario.model, scenario.hardware, policy.params.block_size
+        block_bytes = block_size * model.kv_bytes_per_token
         self.kv = KvState(
-            device_pool_blocks(model, hw, block_size),
+            device_pool_blocks(model, hw, block_size) - -(-policy.reserved_hbm_bytes // block_bytes),
             hw.host_dram_bytes,
-            block_size * model.kv_bytes_per_token,
-            model.weight_bytes + hw.reserve_bytes,
+            block_bytes,
+            model.weight_bytes + hw.reserve_bytes + policy.reserved_hbm_bytes,
         )
         self.devices = StepDevices(env, scenario.run.layer_model == "events")
         self.debug = scenario.run.debug_checks
         self.waiting: deque[Request] = deque()
-        self.batch = DecodeBatch()
+        self.batch = DecodeBatch(policy.recall_state_width)
         self.chunked: Request | None = None  # request whose prefill is split across forwards
         self.arrived = 0
         self.wake: simpy.Event = env.event()
@@ -254,7 +255,8 @@ class Replica:
         if not len(b):
             return
         ctx = b.ctx + 1
-        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng)
+        free_hbm_bytes = self.kv.device.free * self.kv.block_bytes
+        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng, b.recall_state, free_hbm_bytes)
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
         timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)

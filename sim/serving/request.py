@@ -52,9 +52,9 @@ class DecodeBatch:
     requests leave the batch (:meth:`remove`).
     """
 
-    COLUMNS = ("ctx", "generated", "output", "blocks", "offloaded", "cold", "prompt")
+    COLUMNS = ("ctx", "generated", "output", "blocks", "offloaded", "cold", "prompt", "recall_state")
 
-    def __init__(self) -> None:
+    def __init__(self, recall_state_width: int = 0) -> None:
         self.reqs: list[Request] = []
         self.ctx = np.zeros(0, dtype=np.int64)  # cached KV tokens
         self.generated = np.zeros(0, dtype=np.int64)
@@ -63,6 +63,8 @@ class DecodeBatch:
         self.offloaded = np.zeros(0, dtype=bool)
         self.cold = np.zeros(0, dtype=bool)  # recall buffer empty (first step after prefill)
         self.prompt = np.zeros(0, dtype=np.int64)
+        # float [n, width]: the policy's per-request recall state (persistent factors, drift), drawn at join
+        self.recall_state = np.zeros((0, recall_state_width))
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -79,6 +81,7 @@ class DecodeBatch:
         self.offloaded = np.append(self.offloaded, [r.offloaded for r in reqs])
         self.cold = np.append(self.cold, np.ones(len(reqs), dtype=bool))
         self.prompt = np.append(self.prompt, [r.prompt_tokens for r in reqs])
+        self.recall_state = np.vstack([self.recall_state, np.zeros((len(reqs), self.recall_state.shape[1]))])
 
     def remove(self, mask: np.ndarray) -> list[Request]:
         """Drop the requests where ``mask`` is True; sync and return them."""

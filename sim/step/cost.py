@@ -33,3 +33,4 @@ class StepCost:
     layer_bytes: np.ndarray | None = None  # int64 [num_layers] recall bytes per layer
     layer_fragments: np.ndarray | None = None  # int64 [num_layers]
     interrupt: InterruptPlan | None = None  # set when the step is scheduled interruptibly
+    selected_fragments: int = 0  # fragments the recall selected (recalled / selected = the step's miss fraction)

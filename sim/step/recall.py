@@ -51,6 +51,7 @@ class LayerRecall:
     nbytes: np.ndarray  # int64 [G, L]
     fragments: np.ndarray  # int64 [G, L]
     contiguous_s: np.ndarray | None  # float [G]: selection "all", per_fragment: Σ per-request copy time per layer
+    selected_fragments: int = 0  # fragments the step selected over every layer and request (miss fraction's base)
 
 
 def kumaraswamy_b(mean: float, a: float) -> float:
@@ -94,6 +95,7 @@ class RecallModel:
         self.inv_a = 1.0 / stats.change_shape_a
         self.inv_b = 1.0 / np.array([kumaraswamy_b(m, stats.change_shape_a) for m in self.change_mean])
         self.returning = stats.returning_frac
+        self.stats = stats
         if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
             self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
         else:
@@ -108,19 +110,130 @@ class RecallModel:
         n = self.offloaded_blocks(ctx)
         return n if self.selection == "all" else np.minimum(n, self.budget_blocks)
 
-    def miss_frac(self, selected: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Fraction of each request's selection to recall, per layer: float [n, num_layers]."""
+    # ---- per-request state: persistent factors, drift, topic shifts -------------------------------
+    @property
+    def state_width(self) -> int:
+        """Columns of the per-request recall state: L log-factors, the drift x, the steps of shift left."""
+        return self.num_layers + 2
+
+    @property
+    def structured(self) -> bool:
+        """Whether any variation persists across steps (else draws are independent per cell, and no state)."""
+        st = self.stats
+        return st.request_sigma > 0 or st.layer_sigma > 0 or st.drift_sigma > 0 or st.burst_prob > 0
+
+    def _join(self, state: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> None:
+        """Draw the persistent factors of the requests in ``rows`` (bool [n]), which just joined the batch."""
+        st, L, m = self.stats, self.num_layers, int(rows.sum())
+        z_request = rng.standard_normal(m)[:, None]
+        z_layer = rng.standard_normal((m, L))
+        mean_fix = 0.5 * (st.request_sigma**2 + st.layer_sigma**2)
+        state[rows, :L] = st.request_sigma * z_request + st.layer_sigma * z_layer - mean_fix
+        state[rows, L] = rng.standard_normal(m)  # the drift starts in its stationary distribution
+        state[rows, L + 1] = 0.0
+
+    def _advance(self, state: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """One step of every request's drift and topic shifts: (log-factor float [n, L], in a shift bool [n])."""
+        st, L, n = self.stats, self.num_layers, len(state)
+        x = st.drift_corr * state[:, L] + np.sqrt(1.0 - st.drift_corr**2) * rng.standard_normal(n)
+        state[:, L] = x
+        left = state[:, L + 1]
+        if st.burst_prob > 0:
+            start = (left <= 0) & (rng.random(n) < st.burst_prob)
+            left = np.where(start, rng.geometric(1.0 / st.burst_steps, n), left)
+        shifting = left > 0
+        state[:, L + 1] = np.maximum(left - 1, 0)
+        log_factor = state[:, :L] + st.drift_sigma * x[:, None] - 0.5 * st.drift_sigma**2
+        return log_factor, shifting
+
+    # ---- buffer and cache hits ---------------------------------------------------------------------
+    def buffer_hit(self, selected: np.ndarray) -> np.ndarray:
+        """Per-request recall buffer: fraction of returning blocks still buffered, float [n, L].
+
+        A returning block left the selection j steps ago (j uniform in 1..w); the LRU buffer of B blocks still
+        holds it when k + j·(W − k)/w ≤ B, hence h = clip((B − k) / (W − k), 0, 1) with W − k = k · growth.
+        """
+        k = np.maximum(selected, 1)[:, None].astype(float)
+        return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
+
+    def shared_hit(self, selected: np.ndarray, capacity_fragments: float) -> tuple[float, bool]:
+        """One HBM recall cache per GPU, LRU over (request, layer, block): (hit fraction of returning blocks,
+        thrashing).
+
+        Between two uses of a block, every stream (request, layer) of the batch touches its selection; a returning
+        block that left its selection j steps ago is still cached when K + j · G ≤ C, where K = Σ k (fragments the
+        batch selects per step over all layers), G = Σ k · growth / w (what the working sets add per step) and C
+        the cache in fragments; hence h = clip((C − K) / (w · G), 0, 1) for j uniform in 1..w — the per-request
+        formula with the batch in place of one stream. When K > C even the blocks selected at consecutive steps
+        are evicted in between (LRU over a cyclic pattern larger than the cache): every selected block misses.
+        tests/sim/test_recall_reference.py checks both regimes against an explicit LRU cache of block ids.
+        """
+        frags = (selected * self.heads).astype(float)
+        total = float(frags.sum()) * self.num_layers
+        if total > capacity_fragments:
+            return 0.0, True
+        growth = float(frags.sum() * self.working_growth.sum())
+        return (float(np.clip((capacity_fragments - total) / growth, 0.0, 1.0)) if growth > 0 else 1.0), False
+
+    def miss_frac(
+        self,
+        selected: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator,
+        state: np.ndarray | None = None,
+        cache_fragments: float | None = None,
+    ) -> np.ndarray:
+        """Fraction of each request's selection to recall, per layer: float [n, num_layers].
+
+        Args:
+            selected: int64 [n] blocks selected per layer (per head for head-wise).
+            cold: bool [n], first step after (re)admission: everything is recalled, persistent factors are drawn.
+            rng: the simulation's seeded generator.
+            state: float [n, state_width] per-request recall state (updated in place), or None for independent
+                draws.
+            cache_fragments: capacity of the shared recall cache in fragments, or None for per-request buffers.
+        """
         n = len(selected)
         if self.fixed_miss_frac is not None:
             q = np.full((n, self.num_layers), self.fixed_miss_frac)
+            q[cold] = 1.0
+            return q
+        u = rng.random((n, self.num_layers))
+        change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
+        if self.selection == "headwise":
+            change *= self.stats.headwise_miss_ratio
+        shifting = None
+        if state is not None and self.structured:
+            if cold.any():
+                self._join(state, cold, rng)
+            log_factor, shifting = self._advance(state, rng)
+            change *= np.exp(log_factor)
+        np.minimum(change, 1.0, out=change)
+        if cache_fragments is None:
+            hit = self.buffer_hit(selected)
         else:
-            u = rng.random((n, self.num_layers))
-            change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
-            k = np.maximum(selected, 1)[:, None].astype(float)
-            hit = np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
-            q = change * (1.0 - self.returning * hit)
+            hit, thrashing = self.shared_hit(selected, cache_fragments)
+            if thrashing:
+                return np.ones((n, self.num_layers))
+        q = change * (1.0 - self.returning * hit)
+        if shifting is not None and shifting.any():
+            q[shifting] = np.maximum(q[shifting], self.stats.burst_change_frac)
         q[cold] = 1.0
         return q
+
+    def fresh_misses(self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray | int:
+        """Fragments of the block that just left the recent window, recalled where a layer selects it (int [n, L]).
+
+        Every ``block_size`` tokens a block leaves the window for the host; each layer selects it at once with
+        probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never recalled before, it misses.
+        """
+        frac = self.stats.fresh_block_frac
+        fresh = ~cold & (ctx > self.window_tokens) & ((ctx - self.window_tokens) % self.block_size == 0)
+        if frac <= 0 or not fresh.any() or self.fixed_miss_frac is not None:
+            return 0
+        out = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
+        out[fresh] = rng.binomial(self.heads, frac, size=(int(fresh.sum()), self.num_layers))
+        return out
 
     def step(
         self,
@@ -129,6 +242,8 @@ class RecallModel:
         rng: np.random.Generator,
         groups: np.ndarray | None = None,
         num_groups: int = 1,
+        state: np.ndarray | None = None,
+        cache_fragments: float | None = None,
     ) -> LayerRecall:
         """Recall of one step for offloaded requests.
 
@@ -138,6 +253,8 @@ class RecallModel:
             rng: the simulation's seeded generator.
             groups: int [n] micro-batch group of each request (None: all in group 0).
             num_groups: G.
+            state: float [n, state_width] per-request recall state (see :meth:`miss_frac`), or None.
+            cache_fragments: shared recall cache capacity in fragments, or None (per-request buffers).
         """
         selected = self.selected_blocks(ctx)
         L, G = self.num_layers, num_groups
@@ -148,15 +265,17 @@ class RecallModel:
             frags = np.repeat(np.bincount(gid[selected > 0], minlength=G)[:, None], L, axis=1).astype(np.int64)
             copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request
             contiguous = np.bincount(gid, weights=copy_s, minlength=G)
-            return LayerRecall(nbytes, frags, contiguous)
-        q = self.miss_frac(selected, cold, rng)
+            return LayerRecall(nbytes, frags, contiguous, int(frags.sum()))
+        q = self.miss_frac(selected, cold, rng, state, cache_fragments)
         missing = np.floor((selected * self.heads)[:, None] * q + rng.random(q.shape)).astype(np.int64)
+        missing += self.fresh_misses(ctx, cold, rng)
         if G == 1:
             frags = missing.sum(axis=0)[None, :]
         else:
             frags = np.zeros((G, L), dtype=np.int64)
             np.add.at(frags, gid, missing)
-        return LayerRecall(frags * self.fragment_bytes, frags, None)
+        selected_frags = int((selected * self.heads).sum()) * L
+        return LayerRecall(frags * self.fragment_bytes, frags, None, selected_frags)
 
     def expected_layer_fragments(self, cold: bool) -> float:
         """Expected fragments one offloaded request at the full budget recalls per layer (admission's estimate)."""
@@ -165,5 +284,6 @@ class RecallModel:
             return float(k)
         if self.fixed_miss_frac is not None:
             return k * self.fixed_miss_frac
-        hit = np.clip((self.buffer_blocks - self.budget_blocks) / (self.budget_blocks * self.working_growth), 0, 1)
-        return float(k * np.mean(self.change_mean * (1.0 - self.returning * hit)))
+        hit = self.buffer_hit(np.array([self.budget_blocks]))[0]
+        change = self.change_mean * (self.stats.headwise_miss_ratio if self.selection == "headwise" else 1.0)
+        return float(k * np.mean(np.minimum(change, 1.0) * (1.0 - self.returning * hit)))

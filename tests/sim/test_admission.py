@@ -64,3 +64,23 @@ def test_slower_link_keeps_stall_bounded_with_adaptive_admission(slow_link_runs)
     adaptive, static = slow_link_runs["io_adaptive"], slow_link_runs["static"]
     assert adaptive["stall_frac"] < 0.2
     assert adaptive["stall_frac"] < 0.5 * static["stall_frac"]
+
+
+@pytest.mark.parametrize("time_scale", [0.6, 0.3])
+def test_more_hbm_never_makes_the_tpot_tail_worse(time_scale):
+    """Offloaded first, dense only as a fallback that keeps throughput and the TPOT SLO: more HBM adds room, it
+    does not make long requests run dense and slow every step (the old dense-while-HBM-allows rule did)."""
+    p99 = []
+    for hbm_gib in (80, 140.4, 400):
+        scn = load_scenario(
+            "default",
+            [
+                "policies=pulseinfer",
+                "workload.max_requests=600",
+                f"workload.time_scale={time_scale}",
+                f"hardware.hbm_gib={hbm_gib}",
+                "run.progress=false",
+            ],
+        )
+        p99.append(simulate(scn).policies["pulseinfer"].summary["tpot_p99_s"])
+    assert all(later <= earlier * 1.02 for earlier, later in zip(p99, p99[1:])), p99

@@ -80,13 +80,16 @@ def test_gather_scatter_is_one_transfer_per_layer_and_per_fragment_one_per_fragm
     assert sum(pf.recall_s) > sum(gs.recall_s)  # 16-token SoloHead blocks: per-copy latency adds up
 
 
+EARLY_HEAVY = [(0.0, 0.30), (0.1, 0.22), (1.0, 0.16)]  # a depth profile in which early layers change more
+
+
 def test_change_draws_follow_the_per_layer_means():
-    stats = RecallStatsSpec()
+    stats = RecallStatsSpec(change_mean_by_depth=EARLY_HEAVY)
     rec = RecallModel(MODEL, OffloadPolicy(recall_buffer_blocks=64, budget_tokens=2048), stats, LINK)
     # buffer == selection: no returning block can hit, so the miss fraction is the change fraction
     q = rec.miss_frac(np.full(4000, 64), np.zeros(4000, dtype=bool), np.random.default_rng(1))
     assert q.mean(axis=0) == pytest.approx(rec.change_mean, abs=0.01)
-    assert q[:, 0].mean() > q[:, -1].mean() + 0.1  # early layers change more (default depth profile)
+    assert q[:, 0].mean() > q[:, -1].mean() + 0.1  # early layers change more (this depth profile)
 
 
 @pytest.mark.parametrize(("mean", "a"), [(0.1, 1.0), (0.2, 2.0), (0.5, 3.0)])
@@ -98,7 +101,9 @@ def test_kumaraswamy_b_gives_the_requested_mean(mean, a):
 
 
 def test_layers_table_shows_more_recall_in_early_layers():
-    scn = load_scenario("default", ["workload.max_requests=150", "policies=pulseinfer", "run.progress=false"])
+    profile = "[" + ",".join(f"[{d},{m}]" for d, m in EARLY_HEAVY) + "]"
+    overrides = ["workload.max_requests=150", "policies=pulseinfer", "run.progress=false"]
+    scn = load_scenario("default", [*overrides, f"recall_stats.change_mean_by_depth={profile}"])
     from sim.run import simulate
 
     layers = simulate(scn).policies["pulseinfer"].layers
