@@ -85,7 +85,7 @@ def run_selection_calibration(
     stats = _measure(model, budgets, context_tokens, steps, buffer_blocks, working_set_steps)
     num_layers = model.config.num_layers
     per_budget = {b: stats[stats["budget_tokens"] == b] for b in budgets}
-    recall_stats = fit_recall_stats(per_budget[fit_budget], num_layers, working_set_steps, layout.block_size)
+    recall_stats = fit_recall_stats(per_budget[fit_budget], num_layers, working_set_steps, DEFAULT_LAYOUT.block_size)
     summaries = {b: selection_summary(df, num_layers) for b, df in per_budget.items()}
     layout, buffer = DEFAULT_LAYOUT, summaries[fit_budget]["buffer_blocks"]
     source = (

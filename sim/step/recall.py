@@ -278,7 +278,8 @@ class RecallModel:
         return LayerRecall(frags * self.fragment_bytes, frags, None, selected_frags)
 
     def expected_layer_fragments(self, cold: bool) -> float:
-        """Expected fragments one offloaded request at the full budget recalls per layer (admission's estimate)."""
+        """Expected fragments one offloaded request at the full budget recalls per layer and step (admission's
+        estimate); warm, the block that leaves the recent window every ``block_size`` steps is averaged in."""
         k = self.budget_blocks * self.heads
         if cold or self.selection == "all":
             return float(k)
@@ -286,4 +287,5 @@ class RecallModel:
             return k * self.fixed_miss_frac
         hit = self.buffer_hit(np.array([self.budget_blocks]))[0]
         change = self.change_mean * (self.stats.headwise_miss_ratio if self.selection == "headwise" else 1.0)
-        return float(k * np.mean(np.minimum(change, 1.0) * (1.0 - self.returning * hit)))
+        fresh = self.heads * self.stats.fresh_block_frac / self.block_size
+        return float(k * np.mean(np.minimum(change, 1.0) * (1.0 - self.returning * hit))) + fresh

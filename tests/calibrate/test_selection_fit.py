@@ -198,7 +198,8 @@ def test_a_selection_profile_drives_the_simulators_recall_volume(tmp_path):
     assert scenario.hardware.name == load_scenario("default").hardware.name  # a stats-only profile keeps the card
     policy, link = scenario.policy["pulseinfer"], LinkModel(scenario.hardware)
     n, k = 3000, policy.budget_tokens // policy.block_size
-    ctx, warm = np.full(n, 100_000), np.zeros(n, dtype=bool)
+    # off a block boundary: no block is leaving the recent window (those fresh misses come every block_size steps)
+    ctx, warm = np.full(n, 100_007), np.zeros(n, dtype=bool)
     volumes = {}
     for name, stats in (("profile", scenario.recall_stats), ("default", RecallStatsSpec())):
         recall = RecallModel(scenario.model, policy, stats, link)
