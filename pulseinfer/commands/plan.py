@@ -7,8 +7,9 @@ import math
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.commands import add_overrides
 from pulseinfer.errors import UsageError, flag_names, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 # PlanConfig field or run_plan argument → the flag that sets it (sim.study.plan.PlanError names the field)
@@ -71,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     with flag_names(FLAGS):
         check_plan(cfg, args.jobs)
-    check_out_folder(args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar:
+    with (
+        results_folder(args.out, command="plan") as stage,  # checks --out before planning; writes it whole
+        Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar,
+    ):
         table = run_plan(
             cfg,
             args.jobs,
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             on_cell=lambda hardware, policy: bar.advance(),
         )
-    table.to_csv(args.out / "plan.csv", index=False)
+        table.to_csv(stage / "plan.csv", index=False)
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
     print(format_plan(table))
     print(f"\nwrote {args.out / 'plan.csv'}")

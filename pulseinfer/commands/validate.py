@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 
@@ -57,11 +58,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads}: must be >= 1")
     torch.set_num_threads(args.threads or int(profile.metadata.get("threads") or 1))
     started = time.perf_counter()
-    drift = speed_drift(profile, device, seed=args.seed)
-    # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors) before any engine run
-    with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
-        table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage)
-    _write(args.out, table, steps)
+    with results_folder(args.out, command="validate") as stage:  # written whole, only when complete
+        drift = speed_drift(profile, device, seed=args.seed)
+        # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors) before any engine run
+        with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
+            table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage)
+        _write(stage, table, steps)
     contexts = workload.contexts
     print(
         f"\n{profile.model.name} on {device}: {len(contexts)} requests, contexts {min(contexts)}-{max(contexts)} "
