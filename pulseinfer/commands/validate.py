@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     torch = import_torch()
-    from calibrate.validate import speed_drift, validate
+    from calibrate.validate import prepare, speed_drift, validate
     from sim.config.profiles import load_profile
 
     profile = load_profile(args.profile)
@@ -59,10 +59,15 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or int(profile.metadata.get("threads") or 1))
     started = time.perf_counter()
     with results_folder(args.out, command="validate") as stage:  # written whole, only when complete
+        # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors), a request it cannot finish
+        # or an engine run too large for memory before any engine run
+        with usage_errors(f"--profile {args.profile}: "):
+            simulated = prepare(profile, policies, workload, device, args.seed)
         drift = speed_drift(profile, device, seed=args.seed)
-        # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors) before any engine run
         with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
-            table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage)
+            table, steps = validate(
+                profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage, simulated=simulated
+            )
         _write(stage, table, steps)
     contexts = workload.contexts
     print(

@@ -4,9 +4,14 @@ A policy's token windows are bounded by the model's context, its look-ahead by t
 offloading policy must be able to offload at least one request on the given host. :func:`geometry_problems`
 lists every violation as ``key: value ... bound`` (one line each); the :class:`sim.config.Scenario` validator
 raises the first, so the loader reports it as one line and the CLI exits with status 2.
+
+Sizes are checked before allocation too: :func:`synthetic_size_problem` refuses a synthetic workload whose
+requests cannot fit in this machine's available memory (:func:`available_memory_bytes`), with the estimate.
 """
 
 from __future__ import annotations
+
+import os
 
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.policy import DensePolicy, OffloadPolicy
@@ -54,3 +59,36 @@ def geometry_problems(model: ModelSpec, hardware: HardwareSpec, policies: dict[s
                 "raise host_dram_gib or lower offload_threshold_tokens"
             )
     return problems
+
+
+BYTES_PER_SIMULATED_REQUEST = 4096  # generous: ~1.1 KiB measured (README, "Sizes checked before allocation")
+
+
+def available_memory_bytes() -> int:
+    """Memory this machine can still give a process: ``MemAvailable`` of /proc/meminfo (Linux), else free
+    physical pages × page size (``os.sysconf``); a very large number where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def synthetic_size_problem(num_requests: int) -> str | None:
+    """A one-line refusal when ``num_requests`` synthetic requests cannot be generated and simulated in this
+    machine's available memory (estimate: :data:`BYTES_PER_SIMULATED_REQUEST` each), else None."""
+    need = num_requests * BYTES_PER_SIMULATED_REQUEST
+    have = available_memory_bytes()
+    if need <= have:
+        return None
+    return (
+        f"{num_requests} requests need about {need / GIB:,.1f} GiB to generate and simulate "
+        f"(~{BYTES_PER_SIMULATED_REQUEST} B each) but this machine has {have / GIB:,.1f} GiB available; "
+        f"use at most {have // BYTES_PER_SIMULATED_REQUEST} (or set workload.max_requests on a trace)"
+    )

@@ -92,3 +92,18 @@ def test_cli_prints_one_line_and_exits_2(capsys, overrides, needle):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
+
+
+def test_enormous_synthetic_workload_is_refused_with_the_estimate(capsys, monkeypatch):
+    import sim.config.checks as checks
+
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 2**30)
+    synthetic = ["workload.trace=null", "workload.synthetic.rate_per_s=1", "workload.synthetic.prompt_tokens_mean=100",
+                 "workload.synthetic.output_tokens_mean=10"]  # fmt: skip
+    assert load_scenario(None, [*synthetic, "workload.synthetic.num_requests=1000"])  # 4 MB: fits
+    args = ["simulate", "--no-progress"] + [a for o in synthetic for a in ("--set", o)]
+    assert main([*args, "--set", "workload.synthetic.num_requests=1000000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "workload.synthetic.num_requests: 1000000000000 requests need about 3,814,697.3 GiB" in err
+    assert "1.0 GiB available" in err
