@@ -169,7 +169,7 @@ def format_plan(table) -> str:
     shown["max rate/s"] = table["max_rate_per_s"].round(3)
     shown["TPOT p99 ms"] = (table["tpot_p99_s"].astype(float) * 1e3).round(1)
     shown["TTFT p99 s"] = table["ttft_p99_s"].astype(float).round(2)
-    shown["delivered/s"] = table["delivered_rate_per_s"].astype(float).round(3)
+    shown["delivered"] = table["delivered_frac"].astype(float).round(2)  # of offered, middle 80 % of the run
     shown["tok/s"] = table["decode_tokens_per_s"].astype(float).round(0)
     if table["target_rate_per_s"].notna().any():
         shown["router"] = table["router"]

@@ -33,6 +33,7 @@ Every simulation uses the scenario's seed, so a plan is deterministic. In → ou
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -46,14 +47,14 @@ from sim.run import simulate_policy
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
 from sim.study.slo import TailSlo
-from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_rate, sample_note, steady_problem
+from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_frac, sample_note, steady_problem
 from sim.workload import load_workload
 
 PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
     "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
     "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
-    "usd_per_million_output_tokens", "delivered_rate_per_s", "note",
+    "usd_per_million_output_tokens", "delivered_frac", "note",
 ]  # fmt: skip
 
 # Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
@@ -185,7 +186,9 @@ class CellPlanner:
             scenario = self.scenario(self.cfg.max_requests, rate)
             result = simulate_policy(scenario, load_workload(scenario), self.policy)
             summary = {**result.summary, **unfinished_counts(result.requests)}  # as sim.run.policy_summary
-            summary.update(steady_problem=steady_problem(result.requests), delivered=delivered_rate(result.requests))
+            summary.update(
+                steady_problem=steady_problem(result.requests), delivered_frac=delivered_frac(result.requests)
+            )
             self.num_simulations += 1
             self.on_sim(self.hardware, self.policy, f"1 replica @ {rate:.3g}/s", self.met(summary))
             self._single[rate] = summary
@@ -202,7 +205,9 @@ class CellPlanner:
         scenario = self.scenario(num_requests, self.cfg.target_rate_per_s)
         result = simulate_cluster(scenario, load_workload(scenario), self.policy, num_replicas, router)
         self.num_simulations += 1
-        result.summary.update(steady_problem=steady_problem(result.requests), delivered=delivered_rate(result.requests))
+        result.summary.update(
+            steady_problem=steady_problem(result.requests), delivered_frac=delivered_frac(result.requests)
+        )
         self.on_sim(self.hardware, self.policy, f"{num_replicas} x {router}", self.met(result.summary))
         return result.summary
 
@@ -299,7 +304,7 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
         "decode_tokens_per_s": at_max.get("decode_tokens_per_s", math.nan),
         "target_rate_per_s": cfg.target_rate_per_s,
         "gpu_hour_usd": price,
-        "delivered_rate_per_s": at_max.get("delivered", math.nan),
+        "delivered_frac": at_max.get("delivered_frac", math.nan),
     }
     single_note = sample_note(cell, found)
     if cfg.target_rate_per_s is None:
@@ -374,10 +379,22 @@ def _run_cells_in_processes(
 ) -> dict[tuple[str, str], list[dict]]:
     """:func:`plan_cell` of every cell in ``jobs`` spawned worker processes (the one place that picks the executor)."""
     results: dict[tuple[str, str], list[dict]] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(min(jobs, len(cells)), get_context("spawn"), initializer=_ignore_interrupt)
+    try:
         futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             if on_cell:
                 on_cell(*futures[future])
+    except BaseException:  # Ctrl-C or a failed cell: stop the workers now instead of finishing their cells
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _ignore_interrupt() -> None:
+    """Worker initializer: Ctrl-C reaches the parent only, which stops the workers (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

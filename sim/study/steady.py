@@ -57,6 +57,13 @@ def delivered_rate(requests: pd.DataFrame) -> float:
     return middle_rate(requests.loc[requests["finished"].astype(bool), "finish_s"].to_numpy())
 
 
+def delivered_frac(requests: pd.DataFrame) -> float:
+    """Delivered / offered throughput over the middle of the sample (:func:`delivered_rate` over
+    :func:`middle_rate` of ``arrival_s``); >= 1 − STEADY_TOL for a steady run."""
+    offered = middle_rate(requests["arrival_s"].to_numpy())
+    return delivered_rate(requests) / offered if offered > 0 else math.nan
+
+
 def steady_problem(requests: pd.DataFrame, tol: float = STEADY_TOL) -> str | None:
     """Why a run is not a steady-state sample (one phrase), or None when it is.
 

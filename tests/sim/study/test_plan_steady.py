@@ -13,7 +13,14 @@ import pytest
 from pulseinfer.cli import main
 from sim.study.plan import PlanConfig, plan_cell
 from sim.study.slo import TailSlo
-from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_rate, middle_rate, steady_problem
+from sim.study.steady import (
+    MIN_SAMPLE_REQUESTS,
+    agree_with_single,
+    delivered_frac,
+    delivered_rate,
+    middle_rate,
+    steady_problem,
+)
 
 
 def _requests(arrival_s, finish_s) -> pd.DataFrame:
@@ -31,6 +38,7 @@ def test_steady_when_completions_track_arrivals_shifted_by_latency():
     arrivals = np.arange(100) * 0.5  # 2 req/s
     assert steady_problem(_requests(arrivals, arrivals + 3.0)) is None
     assert delivered_rate(_requests(arrivals, arrivals + 3.0)) == pytest.approx(2.0)
+    assert delivered_frac(_requests(arrivals, arrivals + 3.0)) == pytest.approx(1.0)
 
 
 def test_not_steady_when_the_backlog_grows():
@@ -63,7 +71,7 @@ def test_short_sample_never_reports_more_than_it_delivers(constant_overrides):
     cfg = PlanConfig("default", TailSlo(tpot_p99_s=0.1), ("h200",), ("sglang",), overrides=tuple(short),
                      max_requests=None, target_rate_per_s=1000.0, routers=("round_robin",), max_replicas=8)  # fmt: skip
     row = plan_cell(cfg, "h200", "sglang")[0]
-    assert 0 < row["max_rate_per_s"] <= row["delivered_rate_per_s"] / 0.9  # never more than it delivered
+    assert row["max_rate_per_s"] > 0 and row["delivered_frac"] >= 0.9  # never more than it delivered
     assert row["decode_tokens_per_s"] >= 0.5 * row["max_rate_per_s"] * 20  # tokens consistent with the rate
     assert not row["meets_slo"] and row["replicas_for_target"] is None
     assert row["note"].startswith("sample-limited: ") and "raise --max-requests" in row["note"]
