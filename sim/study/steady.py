@@ -122,9 +122,11 @@ def agree_with_single(cell: CellPlanner, router: str, n: int | None, summary: di
     divided = math.ceil(target / max_rate - 1e-9)
     if n < least:
         note = (
-            f"the {router} fleet met the SLO with {n} replicas, more than {n} x the single-replica maximum "
-            f"({max_rate:.3g}/s); reported {least}, the fewest the single-replica maximum supports"
+            f"the {router} fleet met the SLO with {n} replicas at {target:.3g}/s, more than {n} x the single-replica "
+            f"maximum ({max_rate:.3g}/s); reported {least}, the fewest the single-replica maximum supports"
         )
+        if least > cell.cfg.max_replicas:
+            return None, {}, f"{note.partition('; ')[0]}; {least} exceed max_replicas {cell.cfg.max_replicas}"
         return least, cell.cluster(least, router), note
     if n > divided:
         why = (

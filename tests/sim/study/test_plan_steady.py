@@ -89,6 +89,11 @@ def test_fleet_is_never_credited_with_more_than_n_times_the_single_maximum():
     assert "met the SLO with 6 replicas" in note and "reported 8" in note
 
 
+def test_fleet_bound_above_max_replicas_is_no_answer():
+    n, summary, note = agree_with_single(_cell(8.0, {}), "round_robin", 2, {}, max_rate=0.1)  # needs >= 77
+    assert n is None and summary == {} and "77 exceed max_replicas 64" in note
+
+
 def test_fleet_needing_more_than_the_division_says_why():
     n, _, note = agree_with_single(_cell(8.0, {}), "least_tokens", 12, {"x": 1}, max_rate=1.0)
     assert n == 12 and "more than target / max rate = 8" in note
