@@ -91,6 +91,18 @@ def sparse_policy(policy: EnginePolicy, max_tokens: int) -> SparsePolicy:
     return SparsePolicy(p, policy.sink_tokens, policy.recent_tokens, policy.budget_tokens)
 
 
+def pool_blocks(policy: EnginePolicy, contexts: list[int], max_new_tokens: int) -> tuple[int, int]:
+    """(device, host) pool blocks :func:`build_decoder` allocates for these requests (per layer; a block holds
+    K and V of ``policy.block_size`` tokens)."""
+    p = policy.block_size
+    sp = sparse_policy(policy, max(contexts) + max_new_tokens)
+    total_blocks = sum(-(-(c + max_new_tokens) // p) + 1 for c in contexts)
+    if policy.resident:
+        return total_blocks + len(contexts), 1
+    resident = (sp.sink_tokens + sp.recent_tokens) // p + 2
+    return len(contexts) * (resident + sp.budget_tokens // p + 2), total_blocks
+
+
 def build_decoder(
     config: DecoderConfig,
     policy: EnginePolicy,
@@ -115,16 +127,8 @@ def build_decoder(
     Raises:
         RuntimeError: if the pools cannot hold the requests (should not happen: they are sized here).
     """
-    p = policy.block_size
-    longest = max(contexts) + max_new_tokens
-    sp = sparse_policy(policy, longest)
-    total_blocks = sum(-(-(c + max_new_tokens) // p) + 1 for c in contexts)
-    if policy.resident:
-        num_device, num_host = total_blocks + len(contexts), 1
-    else:
-        resident = (sp.sink_tokens + sp.recent_tokens) // p + 2
-        num_device = len(contexts) * (resident + sp.budget_tokens // p + 2)
-        num_host = total_blocks
+    sp = sparse_policy(policy, max(contexts) + max_new_tokens)
+    num_device, num_host = pool_blocks(policy, contexts, max_new_tokens)
     weights = weights if weights is not None else init_weights(config, seed=seed, device=device)
     timer = Timer(device, enabled=True)
     decoder = OffloadedDecoder(

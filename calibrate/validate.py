@@ -27,10 +27,11 @@ import pandas as pd
 import torch
 
 from calibrate.bench import bench_compute
-from calibrate.harness import build_decoder, engine_policy, run_decode
+from calibrate.harness import build_decoder, engine_policy, pool_blocks, run_decode
 from calibrate.run import decoder_config
 from engine.model import init_weights
 from sim.config import Profile
+from sim.config.checks import available_memory_bytes
 from sim.config.loader import validate_scenario
 from sim.run import simulate_policy
 from sim.step.compute import ComputeModel
@@ -131,10 +132,57 @@ def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkl
         raw["recall_stats"] = profile.recall_stats.model_dump()
     scenario = validate_scenario(raw)
     result = simulate_policy(scenario, workload.requests(), policy_name)
+    refused = result.requests[~result.requests["finished"].astype(bool)]
+    if len(refused):
+        row = refused.iloc[0]
+        raise ValueError(
+            f"--contexts: the simulator cannot run request {int(row['request_id'])} ({int(row['prompt_tokens'])} "
+            f"context + {int(row['output_tokens'])} output tokens) of {policy_name}: "
+            f"{row['unfinished_reason'] or 'unfinished'} (model.max_seq_len {profile.model.max_seq_len}, "
+            f"{profile.hardware.hbm_gib} GiB HBM in the profile); use shorter --contexts"
+        )
     steps = result.steps[result.steps["phase"] == "decode"].reset_index(drop=True)
     return pd.DataFrame(
         {"step": np.arange(len(steps)), "batch_size": steps["batch_size"], "simulated_s": steps["duration_s"]}
     )
+
+
+def engine_memory_bytes(profile: Profile, policy_name: str, workload: ValidationWorkload) -> tuple[int, int]:
+    """Estimated (device, host) bytes one engine run of ``policy_name`` allocates: weights and device pool on
+    the device; host pool plus the largest request's float32 random K and V while it is stored, on the host.
+
+    Pools hold ``pool_blocks`` blocks per layer of 2 × block_size × num_kv_heads × head_dim elements
+    (engine/pools.py); the estimate adds 10 % for block summaries, indices and allocator slack.
+    """
+    model, policy = profile.model, engine_policy(policy_name)
+    num_device, num_host = pool_blocks(policy, list(workload.contexts), max(workload.output_tokens) + 2)
+    block_bytes = policy.block_size * model.kv_bytes_per_token  # K and V of every layer
+    staging = 2 * max(workload.contexts) * model.num_kv_heads * model.head_dim * 4 * 2  # randn, then the cast
+    return int(model.weight_bytes + 1.1 * num_device * block_bytes), int(1.1 * num_host * block_bytes + staging)
+
+
+def check_engine_fits(profile: Profile, policies: list[str], workload: ValidationWorkload, device: str) -> None:
+    """Refuse, before allocating, an engine run that cannot fit in this machine's free memory.
+
+    Raises:
+        ValueError: naming the policy, the estimate (:func:`engine_memory_bytes`) and the memory available
+            (``MemAvailable`` of /proc/meminfo on the host; ``torch.cuda.mem_get_info`` on a GPU).
+    """
+    host_free = available_memory_bytes()
+    device_free = torch.cuda.mem_get_info(torch.device(device))[0] if device.startswith("cuda") else None
+    gib = 2**30
+    for name in policies:
+        dev, host = engine_memory_bytes(profile, name, workload)
+        checks = [("this machine's memory", dev + host, host_free)] if device_free is None else [
+            (f"{device} memory", dev, device_free), ("host memory", host, host_free)
+        ]  # fmt: skip
+        for where, need, have in checks:
+            if need > have:
+                raise ValueError(
+                    f"--contexts: the engine run of {name} on contexts up to {max(workload.contexts)} tokens "
+                    f"({len(workload.contexts)} requests) needs about {need / gib:,.1f} GiB but {where} has "
+                    f"{have / gib:,.1f} GiB free; use shorter or fewer --contexts"
+                )
 
 
 def speed_drift(profile: Profile, device: str, seed: int = 0) -> float:
@@ -156,6 +204,22 @@ def speed_drift(profile: Profile, device: str, seed: int = 0) -> float:
     return float(row["layer_s"] / float(reference))
 
 
+def prepare(
+    profile: Profile, policies: list[str], workload: ValidationWorkload, device: str, seed: int = 0
+) -> dict[str, pd.DataFrame]:
+    """Everything :func:`validate` checks before the engine runs; returns the simulated steps per policy.
+
+    Simulates first, so an unknown policy, a profile the simulator refuses or a request it cannot finish fails
+    before any engine time is spent; then refuses an engine run that cannot fit in memory (with the estimate).
+
+    Raises:
+        ValueError: as :func:`validate`.
+    """
+    simulated = {name: simulate_steps(profile, name, workload, seed) for name in policies}
+    check_engine_fits(profile, policies, workload, device)  # refused with the estimate, not killed for memory
+    return simulated
+
+
 def validate(
     profile: Profile,
     policies: list[str],
@@ -164,18 +228,21 @@ def validate(
     repeats: int = 3,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    simulated: dict[str, pd.DataFrame] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure and simulate every policy; return (validation table, per-step table).
 
+    ``simulated``: the result of :func:`prepare` when the caller ran it already (its checks come first).
+
     Raises:
         ValueError: unknown policy; ScenarioError (a ValueError) or CapacityError if the simulator refuses the
-            profile — both before the engine runs.
+            profile; a request the simulator cannot finish; an engine run that cannot fit in memory — all
+            before the engine runs.
         RuntimeError: if the engine and the simulator disagree on the step sequence (batch sizes), which
             would make the comparison meaningless.
     """
     rows, step_tables = [], []
-    # Simulate first: an unknown policy or a profile the simulator refuses fails before any engine time is spent.
-    simulated_by_policy = {name: simulate_steps(profile, name, workload, seed) for name in policies}
+    simulated_by_policy = simulated or prepare(profile, policies, workload, device, seed)
     for name in policies:
         if progress:
             progress(name)

@@ -63,9 +63,11 @@ def recall_per_step(steps: pd.DataFrame) -> Figure:
 def layer_recall_heatmap(layer_recall: pd.DataFrame, until_s: float | None = None, max_columns: int = 120) -> Figure:
     """Layer x time heatmap of recalled GB per time bin, one panel per recalling policy.
 
-    Each panel has its own colour scale (policies differ by orders of magnitude; the point is the
-    layer x time pattern within one) and is blank after the policy's last bin. The table's bins are
-    merged to at most ``max_columns``; ``until_s`` cuts the time axis, as in the time-series figures.
+    Every panel shares one colour scale (0 to the largest bin of any policy), so equal colours mean equal
+    volumes across policies; each colour bar repeats it beside its panel. A panel is blank after the policy's
+    last bin. The recorder spreads each step's bytes over the bins the step spans (sim/metrics/recorder.py).
+    The table's bins are merged to at most ``max_columns``; ``until_s`` cuts the time axis, as in the
+    time-series figures.
     """
     require_columns(layer_recall, ["policy", "time_s", "layer", "recall_bytes"], "layer_recall.csv")
     totals = layer_recall.groupby("policy", sort=False)["recall_bytes"].sum()
@@ -80,10 +82,12 @@ def layer_recall_heatmap(layer_recall: pd.DataFrame, until_s: float | None = Non
     num_layers = int(layer_recall["layer"].max()) + 1
     ends = layer_recall.groupby("policy", sort=False)["time_s"].max() + table_bin_s
     fig, axes = new_figure(len(recalling), 1, height=1.0 + 2.0 * len(recalling), sharex=True, squeeze=False)
-    for ax, policy in zip(axes[:, 0], recalling):
-        grid = _grid(layer_recall[layer_recall["policy"] == policy], edges, num_layers) / GB
+    grids = {p: _grid(layer_recall[layer_recall["policy"] == p], edges, num_layers) / GB for p in recalling}
+    for policy, grid in grids.items():
         grid[:, edges[:-1] >= ends[policy]] = np.nan  # the policy had finished: blank, not zero
-        mesh = ax.pcolormesh(edges, np.arange(num_layers + 1) - 0.5, grid, cmap="viridis", vmin=0)
+    vmax = max(float(np.nanmax(g)) if np.isfinite(g).any() else 0.0 for g in grids.values()) or 1.0
+    for ax, policy in zip(axes[:, 0], recalling):
+        mesh = ax.pcolormesh(edges, np.arange(num_layers + 1) - 0.5, grids[policy], cmap="viridis", vmin=0, vmax=vmax)
         fig.colorbar(mesh, ax=ax, label=f"GB per {bin_s:g} s", pad=0.01)
         runs_on = " " + runs_to(ends[policy]) if ends[policy] > edges[-1] else ""
         ax.set(ylabel="layer", title=policy + runs_on)

@@ -27,12 +27,14 @@ def usage_errors(prefix: str = "") -> Iterator[None]:
     call that validates, not a whole run, so a real bug elsewhere keeps its traceback.
 
     Raises:
-        UsageError: from any ``ValueError`` (typed ones included) raised inside the block.
+        UsageError: from any ``ValueError`` (typed ones included) raised inside the block; a message that starts
+            with a flag (``--contexts: ...``) is not led by ``prefix``.
     """
     try:
         yield
     except ValueError as exc:
-        raise UsageError(f"{prefix}{exc}") from exc
+        lead = "" if str(exc).startswith("--") else prefix  # a message that names its own flag keeps it first
+        raise UsageError(f"{lead}{exc}") from exc
 
 
 @contextmanager

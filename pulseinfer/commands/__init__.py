@@ -53,7 +53,9 @@ def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
     return values
 
 
-def check_out_folder(out, flag: str = "--out") -> None:
-    """Raise UsageError if ``out`` exists and is not a folder."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{flag} {out}: exists and is not a folder; give a folder path")
+def check_out_folder(out, flag: str = "--out", update: bool = False) -> None:
+    """Raise UsageError before any work if ``out`` cannot be written whole (``pulseinfer.outdir.check_writable``:
+    a file, a foreign non-empty folder, or an unwritable parent)."""
+    from pulseinfer.outdir import check_writable
+
+    check_writable(out, flag, update)

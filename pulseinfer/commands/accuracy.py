@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 DEFAULT_SELECTIONS = "headwise,solohead,solohead_norm,solohead_box,streaming,oracle"
@@ -78,11 +79,13 @@ def run(args: argparse.Namespace) -> int:
             dense_layers=args.dense_layers,
         )
     start = time.perf_counter()
-    with Bar(num_work_units(settings), "accuracy", "pass", hidden=args.no_progress) as bar:
+    with (
+        results_folder(args.out, command="accuracy") as stage,  # written whole, only when complete
+        Bar(num_work_units(settings), "accuracy", "pass", hidden=args.no_progress) as bar,
+    ):
         table = evaluate_accuracy(config, weights, tokens, settings, progress=bar.advance)
+        table.to_csv(stage / "accuracy.csv", index=False)
     wall_s = time.perf_counter() - start
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "accuracy.csv", index=False)
     layout = settings.layout
     print(
         f"accuracy of sparse attention on {label}: context {args.context} tokens, {steps} teacher-forced steps, "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 STAGES = ("copy", "recall", "compute", "selection", "matmul", "fit")
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_selection(args)
     torch = import_torch()
     device = resolve_device(args.device, torch)
-    check_out_folder(args.out)
+    check_out_folder(args.out, update=True)
     for flag, value in (("--layers", args.layers), ("--scale", args.scale), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be >= 1")
@@ -76,8 +77,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # calibrate checks the model card (MoE, dtype, scale) with plain ValueErrors, and a fit that fails is reported
     # the same way
-    with usage_errors(), Bar(len(STAGES), "calibrate", "stage") as bar:
-        profile = run_calibration(settings, args.out, progress=bar.stage)
+    with (
+        # staged from a copy of --out (a profile's recall_stats survive, calibrate/run.py), replaced when complete
+        results_folder(args.out, update=True, command="calibrate") as stage,
+        usage_errors(),
+        Bar(len(STAGES), "calibrate", "stage") as bar,
+    ):
+        profile = run_calibration(settings, stage, progress=bar.stage)
     table = summary_table(profile)
     print(
         f"\n{profile.name}: {profile.metadata['device_name']}, model {profile.model.name} "
@@ -95,9 +101,13 @@ def _run_selection(args: argparse.Namespace) -> int:
     kwargs = _selection_kwargs(args)
     from calibrate.selection import run_selection_calibration
 
-    with usage_errors(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = run_selection_calibration(**kwargs)
+    out = kwargs["out_dir"]
+    # adds recall_stats to an existing calibration folder: staged from a copy of it, replaced when complete
+    with results_folder(out, update=True, command="calibrate selection") as stage:
+        with usage_errors(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run_selection_calibration(**{**kwargs, "out_dir": stage})
+    result.profile_path = out / result.profile_path.relative_to(stage)
     for warning in caught:
         print(f"note: {warning.message}", file=sys.stderr)
     _print_selection(result)
@@ -125,7 +135,7 @@ def _selection_kwargs(args: argparse.Namespace) -> dict:
     torch = import_torch()
     torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (docs/sources.md §8)
     out = args.selection_out or args.out
-    check_out_folder(out)
+    check_out_folder(out, update=True)
     budgets = int_list(args.budgets, "--budgets", 16)
     from calibrate.accuracy import DEFAULT_LAYOUT
 

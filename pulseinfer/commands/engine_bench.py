@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.outdir import results_folder
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or (1 if settings.device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    results = run_bench(settings)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results.to_csv(args.out / "engine_bench.csv", index=False)
+    with results_folder(args.out, command="engine-bench") as stage:  # written whole, only when complete
+        results = run_bench(settings)
+        results.to_csv(stage / "engine_bench.csv", index=False)
     print(_header(settings, torch))
     print(format_table(results))
     print(f"\nrows in {args.out / 'engine_bench.csv'}")

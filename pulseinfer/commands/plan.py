@@ -7,8 +7,9 @@ import math
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.commands import add_overrides
 from pulseinfer.errors import UsageError, flag_names, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 # PlanConfig field or run_plan argument → the flag that sets it (sim.study.plan.PlanError names the field)
@@ -24,8 +25,12 @@ FLAGS = {
 EPILOG = """\
 For each hardware × policy: the highest request rate one replica sustains under the SLO, found by
 bisection on the trace's time scale (workload.target_rate_per_s), simulating the first --max-requests
-requests each time; with --target-rate, the fewest replicas that meet the SLO at that rate, checked by
-simulating that many replicas behind each router on --max-requests × N requests (not by dividing).
+requests each time; a rate counts only when the SLO holds and the run reached steady state (>= 20 requests
+finished; over the middle 80 % of the sample, requests finished at >= 90 % of the rate they arrived), so a
+short sample cannot report more than it delivers (a note says when the sample, not the SLO, set the
+answer); with --target-rate, the fewest replicas that meet the SLO at that rate, checked by simulating
+that many replicas behind each router on --max-requests × N requests (not by dividing), and never fewer
+than the single-replica maximum supports (a note says why a fleet needs more).
 OUT/plan.csv has one row per hardware × policy (× router with --target-rate).
 """
 
@@ -49,7 +54,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--policies", default=None, help="policies, e.g. sglang,pulseinfer (default: the scenario's)")
     p.add_argument("--target-rate", type=float, default=None, help="requests/s the fleet must serve")
     p.add_argument("--routers", default="round_robin,least_tokens", help="routers to check (default: both)")
-    p.add_argument("--max-requests", type=int, default=600, help="requests per replica simulated (default 600)")
+    p.add_argument(
+        "--max-requests",
+        default="600",
+        help="requests per replica simulated, >= 20, or 'all' for the scenario's whole workload (default 600)",
+    )
     p.add_argument("--rel-tol", type=float, default=0.05, help="bisection stops at hi/lo - 1 <= this (default 0.05)")
     p.add_argument("--max-replicas", type=int, default=64, help="give up above this many replicas (default 64)")
     p.add_argument(
@@ -71,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     with flag_names(FLAGS):
         check_plan(cfg, args.jobs)
-    check_out_folder(args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar:
+    with (
+        results_folder(args.out, command="plan") as stage,  # checks --out before planning; writes it whole
+        Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar,
+    ):
         table = run_plan(
             cfg,
             args.jobs,
@@ -83,9 +93,13 @@ def run(args: argparse.Namespace) -> int:
             ),
             on_cell=lambda hardware, policy: bar.advance(),
         )
-    table.to_csv(args.out / "plan.csv", index=False)
+        table.to_csv(stage / "plan.csv", index=False)
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
     print(format_plan(table))
+    for row in table.itertuples():
+        if row.note:
+            where = "/".join(x for x in (row.hardware, row.policy, row.router) if x)
+            print(f"note: {where}: {row.note}")
     print(f"\nwrote {args.out / 'plan.csv'}")
     return 0
 
@@ -107,12 +121,25 @@ def _config(args: argparse.Namespace):
         overrides=tuple(args.overrides),
         target_rate_per_s=args.target_rate,
         routers=tuple(_names(args.routers, "--routers")),
-        max_requests=args.max_requests or None,
+        max_requests=_max_requests(args.max_requests),
         rel_tol=args.rel_tol,
         max_replicas=args.max_replicas,
         gpu_hour_usd=_prices(args.gpu_hour_usd) if args.gpu_hour_usd else {},
         swap_hardware=bool(args.hardware),
     )
+
+
+def _max_requests(text: str) -> int | None:
+    """``--max-requests``: an integer (checked >= 20 by check_plan) or ``all`` (None: the whole workload)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--max-requests {text}: expected a positive number of requests per replica, or 'all'")
+    return value
 
 
 def _names(text: str, flag: str) -> list[str]:
@@ -142,6 +169,7 @@ def format_plan(table) -> str:
     shown["max rate/s"] = table["max_rate_per_s"].round(3)
     shown["TPOT p99 ms"] = (table["tpot_p99_s"].astype(float) * 1e3).round(1)
     shown["TTFT p99 s"] = table["ttft_p99_s"].astype(float).round(2)
+    shown["delivered"] = table["delivered_frac"].astype(float).round(2)  # of offered, middle 80 % of the run
     shown["tok/s"] = table["decode_tokens_per_s"].astype(float).round(0)
     if table["target_rate_per_s"].notna().any():
         shown["router"] = table["router"]

@@ -40,9 +40,14 @@ def check_format_arguments(args: argparse.Namespace) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from plots.render import plot_results
+    from pulseinfer.outdir import results_folder
 
     out = args.out or args.results_dir / "plots"
     formats = check_format_arguments(args)
-    written = plot_results(args.results_dir, out, formats, dpi=args.dpi)  # OSError for a bad RESULTS_DIR
+    if not args.results_dir.is_dir():  # before the figure folder (inside it, by default) is created
+        state = "not a folder" if args.results_dir.exists() else "no such folder"
+        raise NotADirectoryError(f"{args.results_dir}: {state}")
+    with results_folder(out, command="plot", marker=False) as stage:  # replaces the figure folder whole
+        written = plot_results(args.results_dir, stage, formats, dpi=args.dpi)  # OSError for a bad RESULTS_DIR
     print(f"{len(written)} figure file(s) in {out}/")
     return 0

@@ -108,7 +108,7 @@ def _config(args: argparse.Namespace):
         slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
-    check_out_folder(args.out)
+    check_out_folder(args.out, update=True)  # the study journal in OUT resumes: checked for writing, kept
     args.out.mkdir(parents=True, exist_ok=True)
     storage = args.storage or str(args.out / "study.journal")
     try:

@@ -6,7 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides, check_out_folder, plot
+from pulseinfer.commands import add_overrides, plot
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import TaskBars
 
 
@@ -40,12 +41,17 @@ def run(args: argparse.Namespace) -> int:
     formats = plot.check_format_arguments(args) if args.plots else ()
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out or Path("results") / scenario.name
-    check_out_folder(out)  # fail before simulating, not after
     started = time.perf_counter()
-    with TaskBars("req", hidden=args.no_progress or not scenario.run.progress) as progress:
-        result = simulate(scenario, progress=progress)
-    wall_s = time.perf_counter() - started
-    result.write(out)
+    figures = []
+    with results_folder(out, command="simulate") as stage:  # checks --out before simulating; writes it whole
+        with TaskBars("req", hidden=args.no_progress or not scenario.run.progress) as progress:
+            result = simulate(scenario, progress=progress)
+        wall_s = time.perf_counter() - started
+        result.write(stage)
+        if formats:
+            from plots.render import plot_results
+
+            figures = plot_results(stage, stage / "plots", formats, dpi=args.dpi)
     n = len(result.workload)
     noun = "request" if n == 1 else "requests"
     print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} {noun}, seed {scenario.seed}")
@@ -54,6 +60,5 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(with_ratios(result.summary)))
     print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
     if formats:
-        args.results_dir, args.out = out, out / "plots"
-        return plot.run(args)
+        print(f"{len(figures)} figure file(s) in {out / 'plots'}/")
     return 0

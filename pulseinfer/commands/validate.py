@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
 
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     torch = import_torch()
-    from calibrate.validate import speed_drift, validate
+    from calibrate.validate import prepare, speed_drift, validate
     from sim.config.profiles import load_profile
 
     profile = load_profile(args.profile)
@@ -57,11 +58,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads}: must be >= 1")
     torch.set_num_threads(args.threads or int(profile.metadata.get("threads") or 1))
     started = time.perf_counter()
-    drift = speed_drift(profile, device, seed=args.seed)
-    # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors) before any engine run
-    with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
-        table, steps = validate(profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage)
-    _write(args.out, table, steps)
+    with results_folder(args.out, command="validate") as stage:  # written whole, only when complete
+        # the simulator refuses a profile (ScenarioError, CapacityError: ValueErrors), a request it cannot finish
+        # or an engine run too large for memory before any engine run
+        with usage_errors(f"--profile {args.profile}: "):
+            simulated = prepare(profile, policies, workload, device, args.seed)
+        drift = speed_drift(profile, device, seed=args.seed)
+        with usage_errors(f"--profile {args.profile}: "), Bar(len(policies), "validate", "policy") as bar:
+            table, steps = validate(
+                profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage, simulated=simulated
+            )
+        _write(stage, table, steps)
     contexts = workload.contexts
     print(
         f"\n{profile.model.name} on {device}: {len(contexts)} requests, contexts {min(contexts)}-{max(contexts)} "

@@ -2,6 +2,10 @@
 
 Both the scenario loader (sim/config/loader.py) and the profile reader (sim/config/profiles.py) read YAML
 through :func:`read_yaml` and report through :class:`ScenarioError`, so neither imports the other.
+
+:func:`read_yaml` is strict where ``yaml.safe_load`` is silent: a key repeated in one mapping (the last one
+would win and the first be lost) is refused naming the key and both lines, and a syntax error names the
+file, line and column.
 """
 
 from __future__ import annotations
@@ -25,20 +29,68 @@ def scenarios_dir() -> Path:
     return Path(str(files("scenarios")))
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping.
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names one key twice (raised while parsing, caught by :func:`read_yaml`)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated within one mapping (YAML 1.2 requires unique keys)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not None:
+                raise DuplicateKeyError(f"key {key!r} appears twice in one mapping, at line {first} and line {line}")
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML text with unique keys; ``where`` (a file name) leads the error message.
 
     Raises:
-        ScenarioError: unreadable file, invalid YAML or a top level that is not a mapping.
+        ScenarioError: a syntax error (``where: line L, column C: problem``) or a repeated key (both lines).
     """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(f"{where}: not valid YAML at {at}{problem}") from None
+
+
+def read_yaml(path: Path, what: str = "") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping, parsed by :func:`parse_yaml` (unique keys).
+
+    Args:
+        path: the file.
+        what: leads every message (e.g. ``"profile: "``), so the error names the field that named the file.
+
+    Raises:
+        ScenarioError: unreadable file, invalid YAML (file, line, column), a repeated key (both lines) or a
+            top level that is not a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{what}{path}: cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = parse_yaml(text, str(path))
+    except ScenarioError as exc:
+        raise type(exc)(f"{what}{exc}") from None
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ScenarioError(f"{what}{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
@@ -53,6 +105,6 @@ def format_validation_error(exc: ValidationError) -> str:
         got = err.get("input")
         shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc or 'scenario'}: {msg}{shown}")
+        parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")  # a whole-model check names its keys
     # A section filled from a profile fails twice (as `hardware.x` and `profile.hardware.x`): report it once.
     return "; ".join(p for p in parts if not (p.startswith("profile.") and p.removeprefix("profile.") in parts))

@@ -70,8 +70,8 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     """
     path = resolve_scenario_path(scenario)
     raw = apply_profile(read_yaml(path), path.parent)
-    for item in overrides or []:
-        key, value = _parse_override(item)
+    parsed = [_parse_override(item) for item in overrides or []]
+    for key, value in parsed:
         _set_dotted(raw, key, value)
     if isinstance(raw.get("profile"), str):  # named by an override
         apply_profile(raw)
@@ -79,6 +79,7 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
         if isinstance(raw.get(kind), str):
             raw[kind] = load_card(kind, raw[kind])
     raw["policy"] = resolve_policies(raw)
+    _check_policy_overrides([key for key, _ in parsed], raw["policies"])
     return validate_scenario(raw)
 
 
@@ -132,6 +133,19 @@ def validate_scenario(raw: dict[str, Any]) -> Scenario:
 def dump_scenario(scenario: Scenario, path: Path) -> None:
     """Write the resolved scenario (cards expanded) so the run can be reproduced from it alone."""
     path.write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+
+
+def _check_policy_overrides(keys: list[str], names: Any) -> None:
+    """Refuse ``--set policy.NAME.KEY=...`` for a NAME that does not run (a typo would be dropped silently)."""
+    if not isinstance(names, list):
+        return  # validation reports the wrong type
+    for key in keys:
+        parts = key.split(".")
+        if parts[0] == "policy" and len(parts) > 1 and parts[1] not in names:
+            raise ScenarioError(
+                f"--set {key}: policy {parts[1]!r} is not run (policies: {', '.join(map(str, names))}); "
+                f"add it with --set policies={','.join(map(str, [*names, parts[1]]))} or fix the name"
+            )
 
 
 def _parse_override(item: str) -> tuple[str, Any]:

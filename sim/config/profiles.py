@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.config.files import ScenarioError, format_validation_error, scenarios_dir
+from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
 from sim.config.measured import Profile
 
 PROFILE_DIR = "profiles"
@@ -92,15 +92,9 @@ def read_profile(profile: str | Path, base_dir: Path | None = None) -> dict[str,
     """
     path = resolve_profile_path(profile, base_dir)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise ProfileError(f"profile: cannot read {path}{where}: {detail}") from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"profile: {path} must hold a mapping of sections, got {type(data).__name__}")
-    return data
+        return read_yaml(path, what="profile: ")  # the shared reader: unique keys, line and column
+    except ScenarioError as exc:
+        raise ProfileError(str(exc)) from None
 
 
 def load_profile(profile: str | Path) -> Profile:

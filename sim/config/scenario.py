@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
+from sim.config.checks import geometry_problems
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.policy import PolicySpec
 from sim.config.workload import WorkloadSpec
@@ -66,10 +67,13 @@ class Scenario(Spec):
     @model_validator(mode="after")
     def _check_policies(self) -> Scenario:
         if len(set(self.policies)) != len(self.policies):
-            raise ValueError(f"policies must not repeat a name, got {self.policies}")
+            raise ValueError(f"policies: must not repeat a name, got {self.policies}")
         missing = [p for p in self.policies if p not in self.policy]
         if missing:
-            raise ValueError(f"policies {missing} have no entry under policy")
+            raise ValueError(f"policies: {missing} have no entry under policy")
+        problems = geometry_problems(self.model, self.hardware, {p: self.policy[p] for p in self.policies})
+        if problems:
+            raise ValueError(problems[0])
         compute = self.profile.compute if self.profile else None
         measured = self.profile.model if self.profile else None
         same_layers = (

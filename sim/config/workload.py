@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import PositiveFloat, PositiveInt, Spec
+from sim.config.checks import synthetic_size_problem
 
 
 class ColumnsSpec(Spec):
@@ -43,6 +44,14 @@ class SyntheticSpec(Spec):
     output_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
     prompt_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 1.0
     output_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 0.5
+
+    @field_validator("num_requests")
+    @classmethod
+    def _fits_in_memory(cls, num_requests: int) -> int:
+        problem = synthetic_size_problem(num_requests)  # refused with the estimate, before numpy allocates
+        if problem:
+            raise ValueError(problem)
+        return num_requests
 
 
 class WorkloadSpec(Spec):

@@ -33,7 +33,7 @@ class Recorder:
     layer_bytes: np.ndarray = None  # int64 [num_layers]
     layer_fragments: np.ndarray = None
     layer_stall_s: np.ndarray = None  # float [num_layers]
-    binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)
+    binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)  # bin → float64 [num_layers] bytes
     timeline: list[tuple] = field(default_factory=list)  # one decode step's intervals
     recall_steps: int = 0  # decode steps that recalled so far
 
@@ -42,17 +42,27 @@ class Recorder:
         self.layer_fragments = np.zeros(self.num_layers, dtype=np.int64)
         self.layer_stall_s = np.zeros(self.num_layers)
 
-    def add_layers(self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float]) -> None:
-        """Accumulate one step's per-layer recall (int64 [num_layers] each) and stall."""
+    def add_layers(
+        self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float], end_s: float | None = None
+    ) -> None:
+        """Accumulate one step's per-layer recall (int64 [num_layers] each) and stall.
+
+        The step ran from ``time_s`` to ``end_s`` (None: an instant); its bytes are spread over the time bins
+        it spans in proportion to its overlap with each, so a bin never books more than the link moved in it.
+        """
         self.layer_bytes += nbytes
         self.layer_fragments += fragments
         self.layer_stall_s += stall_s
-        key = int(time_s // self.layer_bin_s)
-        acc = self.binned_bytes.get(key)
-        if acc is None:
-            self.binned_bytes[key] = nbytes.copy()
-        else:
-            acc += nbytes
+        bin_s = self.layer_bin_s
+        end_s = time_s if end_s is None else max(end_s, time_s)
+        first, last = int(time_s // bin_s), int(end_s // bin_s)
+        if end_s > time_s and last > first and end_s == last * bin_s:
+            last -= 1  # ends exactly on a bin edge: nothing in the next bin
+        for key in range(first, last + 1):
+            overlap_s = min(end_s, (key + 1) * bin_s) - max(time_s, key * bin_s)
+            share = 1.0 if first == last else overlap_s / (end_s - time_s)
+            acc = self.binned_bytes.setdefault(key, np.zeros(self.num_layers))
+            acc += nbytes * share
 
     def set_timeline(self, step_id: int, groups: int, intervals: list[tuple]) -> None:
         """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""

@@ -265,7 +265,7 @@ class Replica:
             stall, busy = timing.stall_s, timing.link_busy_s
             groups = len(timing.layer_stall_s) // len(cost.layer_bytes)
             layer_stall = np.asarray(timing.layer_stall_s).reshape(-1, groups).sum(axis=1)
-            rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall)
+            rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall, env.now)
             if intervals is not None:
                 rec.set_timeline(rec.next_step_id, groups, intervals)
         self.admission.observe(env.now - start, stall, busy)

@@ -17,6 +17,15 @@ Per (hardware, policy) cell:
    answer), gallops down (or up) by 1, 2, 4 … until a count that meets and one that misses the SLO
    bracket the answer, then bisects (at most ``max_replicas``).
 
+**Steady state** (sim/study/steady.py): a rate counts as met only when the SLO holds *and* the run delivered
+it — at least 20 requests finished, and over the middle 80 % of the sample requests finished at no less than
+90 % of the rate at which they arrived (the backlog did not grow). A short sample therefore cannot answer
+beyond what it delivers; the ``note`` column says when the answer is limited by the sample (raise
+``max_requests``) rather than by the SLO. The fleet answer is
+kept consistent with the single-replica maximum: never fewer replicas than ``target / (max_rate × (1 +
+rel_tol))`` (a fleet cannot be credited with more than N × what one replica sustains), and a fleet that needs
+more than ``ceil(target / max_rate)`` says so in ``note``.
+
 Every simulation uses the scenario's seed, so a plan is deterministic. In → out:
 ``run_plan(PlanConfig) -> DataFrame`` with :data:`PLAN_COLUMNS`.
 """
@@ -24,6 +33,7 @@ Every simulation uses the scenario's seed, so a plan is deterministic. In → ou
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -31,18 +41,20 @@ from multiprocessing import get_context
 
 import pandas as pd
 
-from sim.config import ScenarioError, load_scenario
-from sim.run import policy_summary
+from sim.config import load_scenario
+from sim.metrics import unfinished_counts
+from sim.run import simulate_policy
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
 from sim.study.slo import TailSlo
+from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_frac, sample_note, steady_problem
 from sim.workload import load_workload
 
 PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
     "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
     "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
-    "usd_per_million_output_tokens",
+    "usd_per_million_output_tokens", "delivered_frac", "note",
 ]  # fmt: skip
 
 # Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
@@ -71,7 +83,7 @@ class PlanConfig:
     overrides: tuple[str, ...] = ()
     target_rate_per_s: float | None = None
     routers: tuple[str, ...] = ROUTERS
-    max_requests: int | None = 600  # requests per replica; None = the scenario's workload as is
+    max_requests: int | None = 600  # requests per replica (>= 20); None = the scenario's workload as is
     rel_tol: float = 0.05  # bisection stops when hi / lo - 1 <= rel_tol
     max_steps: int = 8  # doublings (or halvings) while bracketing: rates in [start / 2**8, start * 2**8]
     max_replicas: int = 64
@@ -160,19 +172,31 @@ class CellPlanner:
         """
         arrivals = load_workload(self.scenario(self.cfg.max_requests, None))["arrival_s"]
         span = float(arrivals.iloc[-1] - arrivals.iloc[0])
-        if len(arrivals) < 2 or span <= 0:
-            raise ScenarioError(f"plan: the workload needs >= 2 requests with distinct arrivals, got {len(arrivals)}")
+        if len(arrivals) < MIN_SAMPLE_REQUESTS or span <= 0:
+            raise PlanError(
+                f"max_requests: the workload slice has {len(arrivals)} requests over {span:g} s; a steady-state "
+                f"sample needs >= {MIN_SAMPLE_REQUESTS} requests with distinct arrivals",
+                "max_requests",
+            )
         return (len(arrivals) - 1) / span
 
     def single(self, rate: float) -> dict:
         """Summary (+ rejected, incomplete) of one replica at ``rate``."""
         if rate not in self._single:
             scenario = self.scenario(self.cfg.max_requests, rate)
-            summary = policy_summary(scenario, load_workload(scenario), self.policy)
+            result = simulate_policy(scenario, load_workload(scenario), self.policy)
+            summary = {**result.summary, **unfinished_counts(result.requests)}  # as sim.run.policy_summary
+            summary.update(
+                steady_problem=steady_problem(result.requests), delivered_frac=delivered_frac(result.requests)
+            )
             self.num_simulations += 1
-            self.on_sim(self.hardware, self.policy, f"1 replica @ {rate:.3g}/s", self.cfg.slo.met(summary))
+            self.on_sim(self.hardware, self.policy, f"1 replica @ {rate:.3g}/s", self.met(summary))
             self._single[rate] = summary
         return self._single[rate]
+
+    def met(self, summary: dict) -> bool:
+        """The SLO holds and the run was a steady-state sample (``steady_problem`` None or absent)."""
+        return self.cfg.slo.met(summary) and not summary.get("steady_problem")
 
     def cluster(self, num_replicas: int, router: str) -> dict:
         """Cluster summary of ``num_replicas`` replicas behind ``router`` at the target rate."""
@@ -181,8 +205,10 @@ class CellPlanner:
         scenario = self.scenario(num_requests, self.cfg.target_rate_per_s)
         result = simulate_cluster(scenario, load_workload(scenario), self.policy, num_replicas, router)
         self.num_simulations += 1
-        met = self.cfg.slo.met(result.summary)
-        self.on_sim(self.hardware, self.policy, f"{num_replicas} x {router}", met)
+        result.summary.update(
+            steady_problem=steady_problem(result.requests), delivered_frac=delivered_frac(result.requests)
+        )
+        self.on_sim(self.hardware, self.policy, f"{num_replicas} x {router}", self.met(result.summary))
         return result.summary
 
     def fewest_replicas(self, router: str, start: int) -> tuple[int | None, dict]:
@@ -191,7 +217,7 @@ class CellPlanner:
         Gallops away from ``start`` (±1, ±2, ±4 …) until a meeting and a missing count bracket the answer,
         then bisects; assumes more replicas never miss an SLO that fewer met. None above ``max_replicas``.
         """
-        cap, met = self.cfg.max_replicas, self.cfg.slo.met
+        cap, met = self.cfg.max_replicas, self.met
         summaries: dict[int, dict] = {}
 
         def meets(n: int) -> bool:
@@ -238,7 +264,12 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
         raise PlanError(f"routers must be names from {', '.join(ROUTERS)}, got {list(cfg.routers)!r}", "routers")
     bounds = [
         ("target_rate_per_s", cfg.target_rate_per_s, "> 0", cfg.target_rate_per_s is None or cfg.target_rate_per_s > 0),
-        ("max_requests", cfg.max_requests, ">= 2", cfg.max_requests is None or cfg.max_requests >= 2),
+        (
+            "max_requests",
+            cfg.max_requests,
+            f">= {MIN_SAMPLE_REQUESTS}",
+            cfg.max_requests is None or cfg.max_requests >= MIN_SAMPLE_REQUESTS,
+        ),
         ("rel_tol", cfg.rel_tol, "> 0", cfg.rel_tol > 0),
         ("max_replicas", cfg.max_replicas, ">= 1", cfg.max_replicas >= 1),
         ("jobs", jobs, ">= 1", jobs >= 1),
@@ -258,9 +289,10 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
     Raises:
         ScenarioError: bad scenario, hardware or policy name.
         CapacityError: the model does not fit on the hardware.
+        PlanError: a workload slice too small for a steady-state sample.
     """
     cell = CellPlanner(cfg, hardware, policy, on_sim)
-    found = bisect_max_rate(lambda r: cfg.slo.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
+    found = bisect_max_rate(lambda r: cell.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
     at_max = cell.single(found.rate) if found.rate > 0 else {}
     price = cfg.gpu_hour_usd.get(hardware)
     base = {
@@ -272,16 +304,19 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
         "decode_tokens_per_s": at_max.get("decode_tokens_per_s", math.nan),
         "target_rate_per_s": cfg.target_rate_per_s,
         "gpu_hour_usd": price,
+        "delivered_frac": at_max.get("delivered_frac", math.nan),
     }
+    single_note = sample_note(cell, found)
     if cfg.target_rate_per_s is None:
         cost = _usd_per_million(price, 1, base["decode_tokens_per_s"])
         row = {**base, "router": "", "meets_slo": found.rate > 0, "usd_per_million_output_tokens": cost}
-        return _finish_rows([row], cell)
+        return _finish_rows([{**row, "note": single_note}], cell)
     rows = []
     # One replica misses the SLO even when idle: more replicas cannot help.
     start = math.ceil(cfg.target_rate_per_s / found.rate) if found.rate > 0 else None
     for router in cfg.routers:
         n, summary = cell.fewest_replicas(router, start) if start else (None, {})
+        n, summary, fleet_note = agree_with_single(cell, router, n, summary, found.rate)
         start = n or start  # the next router starts from this one's answer
         tokens_per_s = summary.get("decode_tokens_per_s", math.nan) if n else math.nan
         row = {
@@ -293,6 +328,7 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
             "cluster_ttft_p99_s": summary.get("ttft_p99_s", math.nan),
             "cluster_decode_tokens_per_s": tokens_per_s,
             "usd_per_million_output_tokens": _usd_per_million(price, n or 0, tokens_per_s),
+            "note": "; ".join(x for x in (single_note, fleet_note) if x),
         }
         rows.append(row)
     return _finish_rows(rows, cell)
@@ -333,11 +369,32 @@ def run_plan(
             if on_cell:
                 on_cell(h, p)
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if on_cell:
-                    on_cell(*futures[future])
+        results = _run_cells_in_processes(cfg, cells, jobs, on_cell)
     rows = [row for cell in cells for row in results[cell]]
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
+
+
+def _run_cells_in_processes(
+    cfg: PlanConfig, cells: list[tuple[str, str]], jobs: int, on_cell: Callable[[str, str], None] | None
+) -> dict[tuple[str, str], list[dict]]:
+    """:func:`plan_cell` of every cell in ``jobs`` spawned worker processes (the one place that picks the executor)."""
+    results: dict[tuple[str, str], list[dict]] = {}
+    pool = ProcessPoolExecutor(min(jobs, len(cells)), get_context("spawn"), initializer=_ignore_interrupt)
+    try:
+        futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            if on_cell:
+                on_cell(*futures[future])
+    except BaseException:  # Ctrl-C or a failed cell: stop the workers now instead of finishing their cells
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
+
+
+def _ignore_interrupt() -> None:
+    """Worker initializer: Ctrl-C reaches the parent only, which stops the workers (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 import pytest
 from matplotlib.collections import QuadMesh
 from matplotlib.container import BarContainer
@@ -206,3 +207,14 @@ def test_layer_recall_heatmap_keeps_time_bins_without_rows_as_zero(layer_recall_
     mesh = fig.axes[0].collections[0]
     assert mesh.get_array().shape == (8, 12)  # still 12 ten-second bins
     assert mesh.get_array()[:, 3:5].sum() == 0
+
+
+def test_layer_recall_heatmap_shares_one_colour_scale_across_policies(layer_recall_df):
+    scaled = layer_recall_df.assign(
+        recall_bytes=np.where(layer_recall_df["policy"] == "headwise", 10, 1) * layer_recall_df["recall_bytes"]
+    )
+    fig = plots.layer_recall_heatmap(scaled)
+    meshes = [ax.collections[0] for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    limits = {mesh.get_clim() for mesh in meshes}
+    assert len(meshes) == 2 and len(limits) == 1
+    assert limits.pop() == (0.0, pytest.approx(max(float(np.nanmax(m.get_array())) for m in meshes)))

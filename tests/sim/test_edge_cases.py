@@ -47,9 +47,17 @@ def test_zero_output_request_finishes_without_a_first_token(tmp_path):
 
 
 def test_long_requests_run_dense_when_host_dram_cannot_hold_them():
-    req = _sim("hardware.host_dram_gib=0.001", "workload.max_requests=30", "policies=pulseinfer")
-    req = req.policies["pulseinfer"].requests
-    assert req["finished"].all() and not req["offloaded"].any()
+    # 1.3 GiB holds the smallest offloaded request (8192 tokens × 160 KiB = 1.25 GiB) but not longer ones
+    res = _sim("hardware.host_dram_gib=1.3", "workload.max_requests=30", "policies=pulseinfer")
+    req = res.policies["pulseinfer"].requests
+    kv_bytes = res.scenario.model.kv_bytes_per_token
+    too_big = (req["prompt_tokens"] + req["output_tokens"]) * kv_bytes > res.scenario.hardware.host_dram_bytes
+    assert req["finished"].all() and too_big.any() and not req.loc[too_big, "offloaded"].any()
+
+
+def test_host_dram_too_small_for_any_offload_is_refused():
+    with pytest.raises(ScenarioError, match=r"policy\.pulseinfer\.offload_threshold_tokens: .*host_dram_gib = 0\.001"):
+        load_scenario(None, ["hardware.host_dram_gib=0.001", "policies=pulseinfer"])
 
 
 @pytest.mark.parametrize("key", ["hardware.hbm_gib", "hardware.h2d_latency_us", "hardware.hbm_bandwidth_gbps"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -183,11 +182,7 @@ def test_trace_error_is_a_value_error():
     assert issubclass(TraceError, ValueError)
 
 
-def test_shipped_file_loads_in_well_under_a_second():
-    path = DATA_DIR / "mooncake_conversation.jsonl"
-    start = time.perf_counter()
-    df = read_mooncake(Path(path))
-    elapsed_s = time.perf_counter() - start
+def test_shipped_file_loads_whole_and_sorted():  # no timing assertion: no test may depend on machine load
+    df = read_mooncake(Path(DATA_DIR / "mooncake_conversation.jsonl"))
     assert len(df) == 5719
-    assert elapsed_s < 1.0
     assert np.all(np.diff(df["arrival_s"].to_numpy()) >= 0)

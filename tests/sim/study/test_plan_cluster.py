@@ -97,7 +97,7 @@ def test_fewest_replicas_gives_none_above_the_cap(constant_overrides):
 
 def test_plan_cli_writes_plan_csv(tmp_path, constant_overrides, capsys):
     sets = [arg for item in constant_overrides for arg in ("--set", item)]
-    argv = ["plan", "--slo", "ttft_p99_s=1", "--hardware", "h200", "--policies", "sglang", "--max-requests", "0"]
+    argv = ["plan", "--slo", "ttft_p99_s=1", "--hardware", "h200", "--policies", "sglang", "--max-requests", "all"]
     assert main([*argv, "--target-rate", "10", "--out", str(tmp_path), "--no-progress", *sets]) == 0
     table = pd.read_csv(tmp_path / "plan.csv")
     assert list(table.columns) == PLAN_COLUMNS and len(table) == 2
