@@ -14,6 +14,13 @@ Modes (every mode must leave byte-identical pools):
 * ``gather_scatter`` - index-gather all fragments of the call (in host address order) into a pinned
   staging buffer, one host-to-device copy of it, one index-scatter on the device into the slots. A call
   larger than the staging buffer runs as several such chunks through two alternating staging buffers.
+* ``gpu_gather`` - a GPU kernel reads the fragments straight from the pinned host pool (UVA zero-copy: a
+  pinned allocation's host address is also a device address) and writes them into the slots: no host
+  gather, no staging copy, one launch per call; it runs on SMs (what SparseServe's FlashH2D and SGLang's
+  transfer kernels do, docs/sources.md §3.2). On CUDA it is a Triton kernel, one program per row; where
+  Triton is missing or refuses the host pointer, the call falls back to ``gather_scatter`` (the CPU
+  gathers; ``GpuGatherIO.path`` says which ran). On CPU it is one index-copy from the host rows into the
+  device rows: the same bytes as ``per_fragment``.
 
 On a CPU-only machine the "device" pool is a separate, preallocated CPU tensor standing in for device
 memory. There, per_fragment copies each fragment straight into it, and gather_scatter's copy to the
@@ -30,7 +37,7 @@ import torch
 
 from engine.pools import KVPool
 
-IO_MODES = ("per_fragment", "gather_scatter")
+IO_MODES = ("per_fragment", "gather_scatter", "gpu_gather")
 _ROW_DTYPES = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)  # widest first
 
 
@@ -235,11 +242,15 @@ class GatherScatterIO(RecallIO):
 
 
 def make_io(mode: str, host_pool: KVPool, device_pool: KVPool, **kwargs: int) -> RecallIO:
-    """Build the I/O engine for `mode` ("per_fragment" or "gather_scatter"). Raises ValueError otherwise."""
+    """Build the I/O engine for `mode` (one of ``IO_MODES``). Raises ValueError otherwise."""
     if mode == "per_fragment":
         return PerFragmentIO(host_pool, device_pool)
     if mode == "gather_scatter":
         return GatherScatterIO(host_pool, device_pool, **kwargs)
+    if mode == "gpu_gather":
+        from engine.gpu_gather import GpuGatherIO  # Triton is imported only when this mode is used
+
+        return GpuGatherIO(host_pool, device_pool)
     raise ValueError(f"mode={mode!r} must be one of {IO_MODES}")
 
 

@@ -182,8 +182,8 @@ class OffloadServing(Policy):
         elif self.params.io == "gpu_gather":
             cost.compute_s = self._sm_shared(cost.compute_s, item_copy.tolist(), lookahead)
         parts = [item_bytes, item_s, item_copy, item_gather]
-        prefetch = list(zip(*((1 - f) * p for p in parts)))
-        correction = list(zip(*(f * p for p in parts)))
+        prefetch = list(zip(*(((1 - f) * p).tolist() for p in parts)))  # Python floats: the hot path
+        correction = list(zip(*((f * p).tolist() for p in parts)))
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
 

@@ -69,7 +69,7 @@ def run_interruptible(
         served, ``gather_busy_s`` the host-gather time served.
     """
     n = len(compute_s)
-    missing = [(prefetch[i][1] > 0) + (correction[i][1] > 0) for i in range(n)]
+    missing = [int(prefetch[i][1] > 0) + int(correction[i][1] > 0) for i in range(n)]  # int: numpy bools OR
     # heap of [rank, item, remaining_s, chunk_s, copy_frac, gather_frac]; rank = (0 urgent | 1, item)
     ready: list[list] = []
     cur: list | None = None  # the job on the link

@@ -171,3 +171,14 @@ def test_colocated_offloaded_prefill_writes_its_prompt_over_d2h(one_request_scen
     d2h_bps = scn.hardware.d2h_bandwidth_gbps * 1e9
     expected = (prompt + 19) * scn.model.kv_bytes_per_token / d2h_bps  # prompt + one backup per decode step
     assert s["d2h_busy_frac"] * s["duration_s"] == pytest.approx(expected, rel=0.01)
+
+
+def test_interruptible_plan_of_numpy_floats_times_like_python_floats():
+    """numpy bools add as OR: a plan of numpy floats must still make an item wait for both of its jobs."""
+    pre = [(8e6, 1e-3, 1e-3, 0.0)] * 3
+    cor = [(1e6, 2e-4, 2e-4, 0.0)] * 3
+    as_np = [tuple(np.float64(x) for x in job) for job in pre], [tuple(np.float64(x) for x in job) for job in cor]
+    a = run_interruptible(0.0, [5e-4] * 3, pre, cor, 2, 1e6, 0.0)
+    b = run_interruptible(0.0, [5e-4] * 3, *as_np, 2, 1e6, 0.0)
+    assert (a.end_s, a.stall_s) == pytest.approx((b.end_s, b.stall_s), abs=1e-15)
+    assert a.end_s >= 3 * 1.2e-3  # the link serves every job before the last item computes
