@@ -151,7 +151,8 @@ def bench_copy(sizes: Iterable[int], buffer_bytes: int, repeats: int, device: st
 def bench_recall(
     fragment_bytes: Iterable[int], counts: Iterable[int], host_pool_bytes: int, repeats: int, device: str, seed: int = 0
 ) -> pd.DataFrame:
-    """``per_fragment`` and ``gather_scatter`` recall of the same random blocks, interleaved.
+    """``per_fragment`` and ``gather_scatter`` recall of the same random blocks, interleaved; on CUDA also
+    ``gpu_gather`` (a kernel reading pinned host memory; calibrate/fit.py ``fit_gpu_gather``).
 
     Geometry: one KV head of 128 bf16 channels per block, so a block is one fragment of
     ``fragment_bytes`` (block_size = fragment_bytes / 512 tokens), as in engine/bench.py.
@@ -174,7 +175,8 @@ def bench_recall(
         device_pool, host_pool = make_pools(
             1, counts[-1], num_host, frag // _FRAG_TOKEN_BYTES, 1, _FRAG_HEAD_DIM, _FRAG_DTYPE, device
         )
-        ios = {mode: make_io(mode, host_pool, device_pool) for mode in ("per_fragment", "gather_scatter")}
+        modes = ("per_fragment", "gather_scatter") + (("gpu_gather",) if cuda else ())
+        ios = {mode: make_io(mode, host_pool, device_pool) for mode in modes}
         for repeat in range(repeats + 1):
             for n in counts:
                 src = torch.randperm(num_host, generator=gen)[:n]
