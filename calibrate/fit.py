@@ -15,6 +15,7 @@ search over which coefficients are free; at most three). Each reports its MAPE: 
 | ``fit_compute``  | layer(B, T) = base + per_request · B + per_token · T;             | compute.csv    |
 |                  | head(B) = head_base + head_per_request · B                        |                |
 | ``fit_selection``| select(C) = base + per_block · C                                  | selection.csv  |
+| ``fit_gpu_gather``| t(N, bytes) = launch + (bytes + N · half) / BW (io: gpu_gather)  | recall.csv     |
 
 ``fit_gather`` fits what gather-scatter costs beyond one coalesced copy of its bytes (the measured
 gather_scatter time minus the link model's copy time for those bytes), because the simulator charges a
@@ -156,6 +157,39 @@ def fit_gather(recall: pd.DataFrame, size_table: list[tuple[int, float]]) -> Gat
         pf_mape = float(np.mean(np.abs(pf_pred - pf["seconds"]) / pf["seconds"]) * 100)
     gbps = 1.0 / inv_rate / 1e9 if inv_rate > 0 else 1e4  # no per-byte cost measurable: a rate far above any link
     return GatherFit(frag_cost * 1e6, gbps, mape, pf_mape)
+
+
+@dataclass(frozen=True)
+class GpuGatherFit:
+    """The card's ``gpu_gather_*`` terms (sim/step/link.py) fitted to the engine's gpu_gather recalls."""
+
+    launch_us: float
+    gbps: float
+    half_bytes: float  # fragment size at half the peak rate
+    mape_pct: float
+    points: int
+
+
+def fit_gpu_gather(recall: pd.DataFrame) -> GpuGatherFit | None:
+    """``t = launch + (bytes + N · half) / BW`` from recall.csv's ``gpu_gather`` rows (measured on CUDA only).
+
+    Linear in (1, N, bytes) with coefficients (launch, half / BW, 1 / BW).
+
+    Returns:
+        The fit, or None when recall.csv has no gpu_gather rows (a CPU calibration).
+
+    Raises:
+        ValueError: if the time does not grow with the bytes (no bandwidth to fit).
+    """
+    gg = fastest(recall[recall["mode"] == "gpu_gather"], ["fragment_bytes", "num_fragments", "recall_bytes"], "seconds")
+    if gg.empty:
+        return None
+    n, nbytes = gg["num_fragments"].to_numpy(float), gg["recall_bytes"].to_numpy(float)
+    fit = fit_relative_nonneg(np.column_stack([np.ones_like(n), n, nbytes]), gg["seconds"].to_numpy(float))
+    launch, per_fragment, inv_bw = fit.coef
+    if inv_bw <= 0:
+        raise ValueError("gpu_gather times do not grow with bytes: cannot fit a bandwidth")
+    return GpuGatherFit(launch * 1e6, 1.0 / inv_bw / 1e9, per_fragment / inv_bw, fit.mape_pct, fit.points)
 
 
 def fit_compute(compute: pd.DataFrame, model_name: str) -> ComputeProfile:

@@ -14,6 +14,13 @@ Modes (every mode must leave byte-identical pools):
 * ``gather_scatter`` - index-gather all fragments of the call (in host address order) into a pinned
   staging buffer, one host-to-device copy of it, one index-scatter on the device into the device blocks. A call
   larger than the staging buffer runs as several such chunks through two alternating staging buffers.
+* ``gpu_gather`` - a GPU kernel reads the fragments straight from the pinned host pool (UVA zero-copy: a
+  pinned allocation's host address is also a device address) and writes them into the slots: no host
+  gather, no staging copy, one launch per call; it runs on SMs (what SparseServe's FlashH2D and SGLang's
+  transfer kernels do, docs/sources.md §3.2). On CUDA it is a Triton kernel (engine/triton_gather.py); where
+  Triton is missing or refuses the host pointer, the call falls back to ``gather_scatter`` (the CPU
+  gathers; ``GpuGatherIO.path`` says which ran). On CPU it is one index-copy from the host rows into the
+  device rows: the same bytes as ``per_fragment``.
 
 On a CPU-only machine the "device" pool is a separate, preallocated CPU tensor standing in for device
 memory. There, per_fragment copies each fragment straight into it, and gather_scatter's copy to the
@@ -28,9 +35,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from engine import triton_gather
 from engine.pools import KVPool
 
-IO_MODES = ("per_fragment", "gather_scatter")
+IO_MODES = ("per_fragment", "gather_scatter", "gpu_gather")
 _ROW_DTYPES = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)  # widest first
 
 
@@ -240,12 +248,61 @@ class GatherScatterIO(RecallIO):
         dev_rows.index_copy_(0, dev_index, dev_stage)  # scatter on the device
 
 
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)  # Triton has no complex element type
+
+
+class GpuGatherIO(RecallIO):
+    """A GPU kernel reads the rows from the pinned host pool (CUDA, engine/triton_gather.py); one index-copy on CPU.
+
+    If Triton is missing or refuses the host pointer, calls fall back to ``gather_scatter`` (the CPU gathers
+    into a pinned buffer): the same bytes, but not a GPU gather, and ``path`` says so.
+
+    Attributes:
+        path: ``"triton_uva"`` (the kernel), ``"gather_scatter_fallback"`` or ``"cpu"``.
+    """
+
+    mode = "gpu_gather"
+
+    def __init__(self, host_pool: KVPool, device_pool: KVPool) -> None:
+        """Raises ValueError if the pools differ (RecallIO) or, on CUDA, the host pool is not pinned."""
+        super().__init__(host_pool, device_pool)
+        if self.cuda and not host_pool.layers[0].is_pinned():
+            raise ValueError("gpu_gather needs a pinned host pool (KVPool(..., pin_memory=True))")
+        self.path = "cpu"
+        self._fallback = GatherScatterIO(host_pool, device_pool) if self.cuda else None
+        if self.cuda:
+            self.path = "triton_uva" if triton_gather.available() else "gather_scatter_fallback"
+
+    def _recall(self, layer: int, src_ids: torch.Tensor, dst_slots: torch.Tensor, heads: torch.Tensor | None) -> int:
+        if self.path == "gather_scatter_fallback":
+            return self._fallback._recall(layer, src_ids, dst_slots, heads)
+        if heads is None:
+            row_bytes, src_rows, dst_rows = self.host.block_bytes, src_ids, dst_slots
+        else:
+            p, hkv = self.host.block_size, self.host.num_kv_heads
+            row_bytes = self.host.fragment_bytes // (2 * p)
+            src_rows, dst_rows = fragment_rows(src_ids, heads, p, hkv), fragment_rows(dst_slots, heads, p, hkv)
+        dtype = next(d for d in _INT_DTYPES if row_bytes % d.itemsize == 0)
+        host_rows, dev_rows = (
+            pool.layers[layer].view(-1).view(torch.uint8).view(dtype).view(-1, row_bytes // dtype.itemsize)
+            for pool in (self.host, self.device)
+        )
+        if not self.cuda:  # the "device" pool is a CPU tensor: one pass, host rows straight into device rows
+            dev_rows.index_copy_(0, dst_rows, host_rows.index_select(0, src_rows))
+        elif not triton_gather.gather_rows(host_rows, dev_rows, src_rows, dst_rows):
+            self.path = "gather_scatter_fallback"
+            return self._fallback._recall(layer, src_ids, dst_slots, heads)
+        return src_rows.shape[0] * row_bytes
+
+
 def make_io(mode: str, host_pool: KVPool, device_pool: KVPool, **kwargs: int) -> RecallIO:
-    """Build the I/O engine for `mode` ("per_fragment" or "gather_scatter"). Raises ValueError otherwise."""
+    """Build the I/O engine for `mode` (one of ``IO_MODES``). Raises ValueError otherwise."""
     if mode == "per_fragment":
         return PerFragmentIO(host_pool, device_pool)
     if mode == "gather_scatter":
         return GatherScatterIO(host_pool, device_pool, **kwargs)
+    if mode == "gpu_gather":
+        return GpuGatherIO(host_pool, device_pool)
     raise ValueError(f"mode={mode!r} must be one of {IO_MODES}")
 
 

@@ -28,6 +28,11 @@ fi
 tests_rc=${PIPESTATUS[0]}
 "$py" -m pulseinfer engine-bench --out "$out" 2>&1 | tee "$out/engine_bench.txt"
 bench_rc=${PIPESTATUS[0]}
+# gpu_gather (Triton kernel over pinned host memory) beside per_fragment and gather_scatter, with its fitted terms
+"$py" -c "from calibrate.bench import bench_recall; from calibrate.fit import fit_gpu_gather; from engine.triton_gather import triton
+df = bench_recall([1024, 8192, 65536], [64, 1024], 1 << 28, 3, 'cuda'); df.to_csv('$out/gpu_gather_recall.csv', index=False)
+print('triton', triton is not None); print(df.groupby(['mode', 'fragment_bytes', 'num_fragments'])['seconds'].min().unstack(0))
+print(fit_gpu_gather(df))" 2>&1 | tee "$out/gpu_gather.txt"
 
 "$py" -m pulseinfer calibrate --device cuda --quick --out "$out/calibration" 2>&1 | tee "$out/calibrate.txt"
 calibrate_rc=${PIPESTATUS[0]}

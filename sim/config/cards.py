@@ -130,6 +130,23 @@ class HardwareSpec(Spec):
     host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
     host_gather_gbps_per_thread: PositiveFloat = 12.0  # memcpy rate of one thread
     host_gather_fragment_us: Annotated[float, Field(ge=0)] = 0.2  # per-fragment cost of one thread
+    # Node-level host memory bandwidth shared by the GPUs of a node (None: no cap). A gather reads and writes
+    # each byte, so one GPU's gather rate is at most host_memory_gbps / gpus_per_node / 2 (static fair share).
+    host_memory_gbps: PositiveFloat | None = None
+    gpus_per_node: PositiveInt = 1  # GPUs sharing host_memory_gbps
+    # io: batched (one cudaMemcpyBatchAsync-style call per layer): t = call + N · entry + bytes / BW
+    # (docs/sources.md §3.3: torchcomms PR #2195, vLLM PR #40549; entry ≈ 0.5 × one copy's cost).
+    h2d_batch_call_us: Annotated[float, Field(ge=0)] = 5.0  # one call's submission (5-7 µs per call, §3.3)
+    h2d_batch_entry_us: Annotated[float, Field(ge=0)] = 0.6  # per fragment inside the call
+    # io: gpu_gather (a kernel on the GPU reads pinned host memory over UVA): t = launch + (bytes + N · half) / BW,
+    # i.e. a fragment of s bytes runs at BW · s / (s + half). SparseServe FlashH2D > 20 GB/s on Gen4 for 4-32
+    # token blocks; SM-driven H2D ~35 GB/s on Hopper Gen5 (nvbandwidth issue #24); docs/sources.md §3.2.
+    gpu_gather_gbps: PositiveFloat = 35.0
+    gpu_gather_launch_us: Annotated[float, Field(ge=0)] = 5.0  # one kernel launch (§3.3: ~5-10 µs)
+    gpu_gather_half_bytes: Annotated[float, Field(ge=0)] = 128.0  # fragment size at half of gpu_gather_gbps
+    # Model assumption: while the kernel runs it holds this fraction of the SMs, so the layer computing
+    # beside it is slowed by gpu_gather_sm_frac × the overlap (sim/policies/offload.py).
+    gpu_gather_sm_frac: Annotated[float, Field(ge=0, lt=1)] = 0.1
     hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0

@@ -42,14 +42,16 @@ class OffloadPolicy(DensePolicy):
     the recent window, a recall buffer and the block summaries; every other block lives in host DRAM.
     ``selection``: ``solohead`` (one block set per request and layer, docs/design.md mechanism 1),
     ``headwise`` (each KV head its own set) or ``all`` (recall every offloaded block, FlexGen-like).
-    ``io``: ``gather_scatter`` (host gather into a staging buffer, one H2D copy per layer, mechanism 2)
-    or ``per_fragment`` (one copy per fragment).
+    ``io``: ``gather_scatter`` (host gather into a staging buffer, one H2D copy per layer, mechanism 2),
+    ``per_fragment`` (one copy per fragment), ``batched`` (one batched-copy call per layer for all its
+    fragments, as ``cudaMemcpyBatchAsync``) or ``gpu_gather`` (a GPU kernel reads the fragments from pinned
+    host memory; no staging copy, costs SM time). Costs in sim/step/link.py.
     """
 
     kind: Literal["offload"] = "offload"
     block_size: PositiveInt = 32
     selection: Literal["solohead", "headwise", "all"] = "solohead"
-    io: Literal["gather_scatter", "per_fragment"] = "gather_scatter"
+    io: Literal["gather_scatter", "per_fragment", "batched", "gpu_gather"] = "gather_scatter"
     budget_tokens: PositiveInt = 2048  # attended tokens selected per (request, layer, step)
     sink_tokens: Annotated[int, Field(ge=0)] = 128
     recent_tokens: Annotated[int, Field(ge=0)] = 512

@@ -27,7 +27,9 @@ class Recorder:
     timeline_step: int = 200  # keep the intervals of this recalling decode step (else of the first)
     steps: list[tuple] = field(default_factory=list)
     requests: list = field(default_factory=list)  # sim.serving.request.Request objects, finished or rejected
-    link_busy_s: float = 0.0
+    link_busy_s: float = 0.0  # H2D copy time (or GPU gather kernel time), never host gather
+    gather_busy_s: float = 0.0  # host-gather time of recalls
+    d2h_busy_s: float = 0.0  # D2H offload-write time queued (eager backups, offloaded prompts)
     decode_tokens: int = 0
     num_preemptions: int = 0
     layer_bytes: np.ndarray = None  # int64 [num_layers]
@@ -91,6 +93,7 @@ class Recorder:
         stall_s: float,
         link_busy_s: float,
         kv_state: tuple[int, int, int],
+        gather_busy_s: float = 0.0,
     ) -> None:
         """Append one row of the step table (``sim.metrics.tables.STEP_COLUMNS``).
 
@@ -98,6 +101,7 @@ class Recorder:
             phase: ``"prefill"`` or ``"decode"``.
             cost: the decode step's cost (attended tokens, recall bytes, fragments, transfers), None for prefill.
             kv_state: (device blocks used, HBM bytes used, host bytes used) after the step.
+            gather_busy_s: host-gather seconds of the step's recalls.
         """
         attended = recall_bytes = fragments = transfers = selected = 0
         if cost is not None:
@@ -107,7 +111,7 @@ class Recorder:
         self.steps.append(
             (
                 len(self.steps), phase, start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens,
-                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, blocks_used, hbm_bytes, host_bytes,
-                selected,
+                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, gather_busy_s, blocks_used,
+                hbm_bytes, host_bytes, selected,
             )
         )  # fmt: skip

@@ -27,6 +27,8 @@ MEMORY_IO = [
     ("fragments_per_step", "fragments/step", 1.0, "{:.0f}"),
     ("link_gbps_achieved", "link GB/s", 1.0, "{:.1f}"),
     ("link_busy_frac", "link busy %", 100.0, "{:.1f}"),
+    ("gather_busy_frac", "gather busy %", 100.0, "{:.1f}"),
+    ("d2h_busy_frac", "D2H busy %", 100.0, "{:.1f}"),
     ("stall_frac", "stall %", 100.0, "{:.1f}"),
 ]
 

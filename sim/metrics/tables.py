@@ -7,8 +7,10 @@ Definitions :
 * ``decode_tokens_per_s`` = tokens sampled by decode steps / duration, where duration runs from the
   first arrival to the last finish (or to the horizon, when the run is cut);
 * ``goodput_requests_per_s`` = finished requests meeting every SLO bound that is set / duration;
-* ``mean_batch`` = mean decode batch size over decode steps; ``link_busy_frac`` = H2D busy time /
-  duration; ``stall_frac`` = GPU time waiting on recalls / decode time;
+* ``mean_batch`` = mean decode batch size over decode steps; ``link_busy_frac`` = H2D busy time (copies or
+  GPU gather kernels; never host gather) / duration; ``gather_busy_frac`` = host-gather busy time /
+  duration; ``d2h_busy_frac`` = D2H offload-write time / duration; ``stall_frac`` = GPU time waiting on
+  recalls / decode time;
 * ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes);
 * ``recall_miss_frac`` = fragments recalled / fragments selected over all decode steps (1 for full offload);
 * ``recall_gb_per_step`` = mean H2D recall bytes per decode step / 1e9; ``fragments_per_step`` = mean
@@ -27,8 +29,8 @@ from sim.serving.request import INCOMPLETE_REASONS
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",
-    "attended_tokens", "recall_bytes", "num_fragments", "num_transfers", "stall_s", "link_busy_s", "kv_used_blocks",
-    "hbm_used_bytes", "host_used_bytes", "selected_fragments",
+    "attended_tokens", "recall_bytes", "num_fragments", "num_transfers", "stall_s", "link_busy_s", "gather_busy_s",
+    "kv_used_blocks", "hbm_used_bytes", "host_used_bytes", "selected_fragments",
 ]  # fmt: skip
 REQUEST_COLUMNS = [
     "request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
@@ -38,7 +40,7 @@ SUMMARY_COLUMNS = [
     "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
     "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
     "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s", "recall_gb_per_step",
-    "fragments_per_step", "link_gbps_achieved", "recall_miss_frac",
+    "fragments_per_step", "link_gbps_achieved", "recall_miss_frac", "gather_busy_frac", "d2h_busy_frac",
 ]  # fmt: skip
 LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
 LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
@@ -162,6 +164,8 @@ def summarize(
         "fragments_per_step": float(decode["num_fragments"].mean()) if len(decode) else 0.0,
         "link_gbps_achieved": float(decode["recall_bytes"].sum()) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
         "recall_miss_frac": _ratio(decode["num_fragments"].sum(), decode["selected_fragments"].sum()),
+        "gather_busy_frac": rec.gather_busy_s / duration,
+        "d2h_busy_frac": rec.d2h_busy_s / duration,
     }
 
 

@@ -11,17 +11,25 @@ Everything else lives in host DRAM. Attention reads the sink, the recent window 
 (all blocks for ``selection: all``); selection reads every summary.
 
 Offload writes (D2H): each step the new token's KV of every offloaded request is backed up to host
-(eager backup, as SGLang HiSparse does, docs/sources.md §5.4); its D2H time slows H2D by the hardware's
-``d2h_coupling``.
+(eager backup, as SGLang HiSparse does, docs/sources.md §5.4): ``StepCost.d2h_bytes``, carried by the
+GPU's D2H queue (sim/step/timing.py), which slows H2D by the hardware's ``d2h_coupling`` while busy.
 
 With a calibrated profile (sim/config/profiles.py): its ``selection`` section charges measured selection time per
 layer (for the candidate blocks of the offloaded requests) instead of counting summaries as attended
 tokens; a hardware whose ``io_overlaps_compute`` is false (the CPU engine) adds each layer's gather and
 copy time to that layer's compute instead of overlapping them.
 
-Link cost of one layer's recall by ``io``: ``per_fragment`` — one copy per fragment;
-``gather_scatter`` with sequential scheduling — host gather, then one copy; with interruptible
-scheduling — gather and copy stream in chunks (sim/step/link.py ``layer_times`` in ``streamed`` mode).
+I/O cost of one layer's recall by ``io`` (sim/step/link.py): ``per_fragment`` — one copy per fragment;
+``batched`` — one batched-copy call; ``gather_scatter`` with sequential scheduling — host gather (the
+host-gather resource), then one copy (the link); with interruptible scheduling — gather and copy stream in
+chunks (the job holds the link for the pipelined time, link busy counts the copy only); ``gpu_gather`` —
+a GPU kernel reads pinned host memory: link time, no gather, and SM time taken from compute.
+
+Model assumption (``gpu_gather``): the kernel holds ``gpu_gather_sm_frac`` of the SMs while it runs, so the
+GPU work item during which a recall is issued (item i − K for item i's recall, K = look-ahead in items)
+is slowed by ``gpu_gather_sm_frac × min(kernel seconds, that item's compute)``; a recall issued before
+the step's first item (the first K items' prefetch) overlaps no compute and slows nothing. Its urgent
+correction is charged to the same item.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ class OffloadServing(Policy):
         profile = scenario.profile
         self.selection_cost = profile.selection if profile is not None and not self.full else None
         self.io_overlaps = scenario.hardware.io_overlaps_compute
+        self.sm_frac = scenario.hardware.gpu_gather_sm_frac
         self.admission = self._make_admission()
 
     def _make_admission(self) -> Admission:
@@ -77,8 +86,8 @@ class OffloadServing(Policy):
         budget = RecallBudget(
             params.admission_slack,
             params.stall_target_frac,
-            self.layer_link_s(warm * fb, warm)[1],
-            self.layer_link_s(cold * fb, cold)[1],
+            self.layer_path_s(warm * fb, warm),
+            self.layer_path_s(cold * fb, cold),
         )
         return IoAdaptiveAdmission(self, budget)
 
@@ -110,9 +119,19 @@ class OffloadServing(Policy):
         return np.where(offloaded, extra, dense)
 
     def layer_link_s(self, nbytes: float, fragments: float) -> tuple[float, float]:
-        """(host gather seconds, link seconds) of one layer's recall under this policy's ``io``."""
+        """(host gather seconds, link seconds) of one layer's recall under this policy's ``io``; link seconds
+        are PCIe time only (copy, or the GPU gather kernel), never host gather."""
         gather, link = self.link.layer_times([nbytes], [fragments], self.link_io, self.params.chunk_bytes)
         return float(gather[0]), float(link[0])
+
+    def layer_path_s(self, nbytes: float, fragments: float) -> float:
+        """Seconds one layer's recall needs from its I/O path in steady state: the streamed job's completion
+        (gather and copy pipelined), max(gather, copy) for sequential gather-scatter (gather of the next layer
+        overlaps this layer's copy), else the link time. What a recall-vs-compute bound should compare."""
+        gather, link = self.layer_link_s(nbytes, fragments)
+        if self.link_io == "streamed":
+            return float(self.link.streamed_s([gather], [link], [nbytes], self.params.chunk_bytes)[0])
+        return max(gather, link)
 
     def step_cost(
         self,
@@ -145,21 +164,20 @@ class OffloadServing(Policy):
             cost.compute_s = [
                 self.compute.decode_layer_s(int(b), int(a)) + self._select_s(c) for b, a, c in zip(sizes, att, cand)
             ] * L
+        cost.d2h_bytes = n_off * self.kv_bytes_per_token  # eager backup of each offloaded request's new token
         if not n_off:
             return cost
         rec = self._recall(ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes)
         cost.selected_fragments = rec.selected_fragments
         if not rec.nbytes.any():
             return cost
-        slow = self.link.d2h_slowdown(n_off * self.kv_bytes_per_token, sum(cost.compute_s))
         gather, link = self._link_times(rec)  # float [G, L]
-        link *= slow
         cost.recall_bytes = int(rec.nbytes.sum())
         cost.num_fragments = int(rec.fragments.sum())
         cost.layer_bytes, cost.layer_fragments = rec.nbytes.sum(axis=0), rec.fragments.sum(axis=0)
         if self.params.io == "per_fragment":
             cost.num_transfers = cost.num_fragments
-        else:
+        else:  # one copy, batched call or kernel per (group, layer)
             cost.num_transfers = int(np.count_nonzero(rec.nbytes))
         if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
             cost.compute_s = (np.asarray(cost.compute_s) + gather.T.ravel() + link.T.ravel()).tolist()
@@ -167,13 +185,21 @@ class OffloadServing(Policy):
         if not self.interruptible:
             cost.recall_s = link[0].tolist()
             cost.gather_s = gather[0].tolist() if self.params.io == "gather_scatter" else None
+            if self.params.io == "gpu_gather":
+                cost.compute_s = self._sm_shared(cost.compute_s, cost.recall_s, 1)
             return cost
         # items in GPU order (layer-major, group-minor), split into prefetch and urgent correction
         f = self.correction_frac
-        item_bytes, item_s = rec.nbytes.T.ravel().astype(float), link.T.ravel()
-        prefetch = list(zip(((1 - f) * item_bytes).tolist(), ((1 - f) * item_s).tolist()))
-        correction = list(zip((f * item_bytes).tolist(), (f * item_s).tolist()))
         lookahead = self.params.lookahead_layers * self.groups
+        item_bytes, item_copy, item_gather = rec.nbytes.T.ravel().astype(float), link.T.ravel(), gather.T.ravel()
+        item_s = item_copy
+        if self.link_io == "streamed":
+            item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, self.params.chunk_bytes)
+        elif self.params.io == "gpu_gather":
+            cost.compute_s = self._sm_shared(cost.compute_s, item_copy.tolist(), lookahead)
+        parts = [item_bytes, item_s, item_copy, item_gather]
+        prefetch = list(zip(*(((1 - f) * p).tolist() for p in parts)))  # Python floats: the hot path
+        correction = list(zip(*((f * p).tolist() for p in parts)))
         cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
         return cost
 
@@ -215,3 +241,13 @@ class OffloadServing(Policy):
             link = np.where(rec.nbytes > 0, rec.contiguous_s[:, None], 0.0)
             return np.zeros_like(link), link
         return self.link.layer_times(rec.nbytes, rec.fragments, self.link_io, self.params.chunk_bytes)
+
+    def _sm_shared(self, compute_s: list[float], kernel_s: list[float], lookahead: int) -> list[float]:
+        """Per-item compute with the SM time GPU gather kernels take (``io: gpu_gather``; module docstring):
+        item i − lookahead is slowed by ``sm_frac × min(kernel_s[i], its compute)``."""
+        frac = self.sm_frac
+        out = list(compute_s)
+        for i in range(lookahead, len(kernel_s)):
+            j = i - lookahead
+            out[j] += frac * min(kernel_s[i], compute_s[j])
+        return out

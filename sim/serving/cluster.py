@@ -104,7 +104,8 @@ def simulate_cluster(
     """Serve the workload with ``num_replicas`` replicas of one policy behind ``router``.
 
     Summary over the cluster: latency percentiles and goodput over all requests; ``decode_tokens_per_s``
-    is the cluster's total; ``link_busy_frac`` and ``prefill_busy_frac`` are per-replica means;
+    is the cluster's total; ``link_busy_frac``, ``gather_busy_frac``, ``d2h_busy_frac`` and
+    ``prefill_busy_frac`` are per-replica means;
     ``peak_hbm_gib`` is the largest replica's peak.
 
     Raises:
@@ -147,6 +148,8 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
     merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
     merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
+    merged.gather_busy_s = sum(rec.gather_busy_s for rec in recs) / len(recs)
+    merged.d2h_busy_s = sum(rec.d2h_busy_s for rec in recs) / len(recs)
     merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
     kv = replicas[0].kv
     summary = summarize(

@@ -83,7 +83,7 @@ class Replica:
             block_bytes,
             model.weight_bytes + hw.reserve_bytes + policy.reserved_hbm_bytes,
         )
-        self.devices = StepDevices(env, scenario.run.layer_model == "events")
+        self.devices = StepDevices(env, scenario.run.layer_model == "events", hw)
         self.debug = scenario.run.debug_checks
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
@@ -233,6 +233,7 @@ class Replica:
         yield from self.devices.run_forward(duration)
         for r, take in chunks:
             r.prefilled += take
+        self._write_offloaded_prompts(chunks)
         now = self.env.now
         joining = []
         for r in done:
@@ -260,9 +261,9 @@ class Replica:
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
         timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)
-        stall = busy = 0.0
+        stall = busy = gather = 0.0
         if timing is not None:
-            stall, busy = timing.stall_s, timing.link_busy_s
+            stall, busy, gather = timing.stall_s, timing.link_busy_s, timing.gather_busy_s
             groups = len(timing.layer_stall_s) // len(cost.layer_bytes)
             layer_stall = np.asarray(timing.layer_stall_s).reshape(-1, groups).sum(axis=1)
             rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall, env.now)
@@ -273,13 +274,21 @@ class Replica:
         b.generated += 1
         b.cold[:] = False
         rec.link_busy_s += busy
-        self._record("decode", start, len(b), int(b.offloaded.sum()), 0, cost, stall, busy)
+        rec.gather_busy_s += gather
+        self._record("decode", start, len(b), int(b.offloaded.sum()), 0, cost, stall, busy, gather)
         rec.decode_tokens += len(b)
         self.admission.on_decode_step(cost.attended_tokens)
         finished = b.generated >= b.output
         if finished.any():
             for r in b.remove(finished):
                 self._finish(r)
+
+    def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
+        """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it
+        must reach host DRAM (model assumption: written after the forward, not layer by layer during it).
+        A preempted request's KV is released and recomputed, so preemption writes nothing."""
+        tokens = sum(take for r, take in chunks if r.offloaded)
+        self.devices.queue_d2h(self.env.now, tokens * self.scenario.model.kv_bytes_per_token)
 
     def _grow_or_preempt(self) -> None:
         """Allocate the blocks the next token needs; preempt requests while the pool is short."""
@@ -331,15 +340,18 @@ class Replica:
         cost: StepCost | None,
         stall_s: float,
         link_busy_s: float,
+        gather_busy_s: float = 0.0,
     ) -> None:
         kv = self.kv
         hbm = kv.hbm_used_bytes
         if self.debug:
             self._check_invariants(hbm)
         state = (kv.device.used, hbm, kv.host.used)
+        self.rec.d2h_busy_s = self.devices.d2h_busy_s
         self.rec.record_step(
-            phase, start_s, self.env.now, batch_size, num_offloaded, prefill_tokens, cost, stall_s, link_busy_s, state
-        )
+            phase, start_s, self.env.now, batch_size, num_offloaded, prefill_tokens, cost, stall_s, link_busy_s, state,
+            gather_busy_s,
+        )  # fmt: skip
 
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""

@@ -12,8 +12,8 @@ import numpy as np
 class InterruptPlan:
     """Recall jobs of an interruptibly scheduled step, per GPU work item (sim/step/interrupt.py)."""
 
-    prefetch: list[tuple[float, float]]  # (bytes, link seconds) per item
-    correction: list[tuple[float, float]]  # urgent part, per item
+    prefetch: list[tuple[float, ...]]  # (bytes, link-held seconds, copy seconds, gather seconds) per item
+    correction: list[tuple[float, ...]]  # urgent part, per item
     lookahead_items: int
     chunk_bytes: int
 
@@ -23,7 +23,7 @@ class StepCost:
     """What one decode step costs, before the layer pipeline turns it into time."""
 
     compute_s: list[float]  # per layer, GPU time
-    recall_s: list[float] | None  # per layer, H2D time; None when nothing is recalled
+    recall_s: list[float] | None  # per layer, H2D link time (copy or GPU gather kernel); None: no recall
     gather_s: list[float] | None  # per layer, host gather time (gather-scatter), or None
     head_s: float  # LM head + sampling after the last layer
     recall_bytes: int  # H2D bytes of the whole step
@@ -34,3 +34,4 @@ class StepCost:
     layer_fragments: np.ndarray | None = None  # int64 [num_layers]
     interrupt: InterruptPlan | None = None  # set when the step is scheduled interruptibly
     selected_fragments: int = 0  # fragments the recall selected (recalled / selected = the step's miss fraction)
+    d2h_bytes: int = 0  # offload writes (eager per-token backups) queued on the D2H link at step start

@@ -19,7 +19,10 @@ Model assumptions (documented in sim/config/policy.py ``OffloadPolicy``): the se
 ahead is known when the current layer starts, and a fraction ``late_correction_frac × (d − 1)`` (capped at
 1) of its blocks is wrong and must be fetched as the urgent correction; with d = 1 the speculative
 selection is exact, as in the sequential pipeline. A gather-scatter job streams: the host gathers chunk
-j+1 while the link copies chunk j (sim/step/link.py ``layer_times`` in ``streamed`` mode).
+j+1 while the link copies chunk j (sim/step/link.py ``LinkModel.streamed_s``). Such a job holds the link
+for its whole service time, but only its copy share counts as link busy time and its gather share as
+host-gather busy time (a link waiting on the gather is held, idle: no other job uses it unless it
+pre-empts at a chunk boundary). A pre-empted job's busy time is split in the same proportions.
 
 Hot path: three timers (GPU end, link done, pre-emption check) instead of an event heap; jobs are
 released inline when the GPU starts or ends an item; the ready queue is a small heap. Intervals are
@@ -52,8 +55,9 @@ def run_interruptible(
     Args:
         t0: when item 0 may start (seconds).
         compute_s: GPU time per item, length n_items.
-        prefetch: (bytes, link seconds) per item for its prefetch job; (0, 0) for none.
-        correction: (bytes, link seconds) per item for its urgent correction job; (0, 0) for none.
+        prefetch: (bytes, service seconds[, copy seconds, gather seconds]) per item for its prefetch job;
+            (0, 0) for none. Service is how long the job holds the link; without the last two it is all copy.
+        correction: the same per item for its urgent correction job.
         lookahead_items: K ≥ 1; prefetch of item i is released when item i − K starts.
         chunk_bytes: pre-emption granularity of the link.
         link_free_s: when the link finishes work queued before the step.
@@ -61,26 +65,30 @@ def run_interruptible(
             ``"compute"`` or ``"transfer"`` (one per uninterrupted transfer segment).
 
     Returns:
-        :class:`StepTiming`; ``layer_stall_s`` holds the stall per item.
+        :class:`StepTiming`; ``layer_stall_s`` holds the stall per item; ``link_busy_s`` the copy time
+        served, ``gather_busy_s`` the host-gather time served.
     """
     n = len(compute_s)
-    missing = [(prefetch[i][1] > 0) + (correction[i][1] > 0) for i in range(n)]
-    ready: list[list] = []  # heap of [rank, item, remaining_s, chunk_s]; rank = (0 urgent | 1, item)
+    missing = [int(prefetch[i][1] > 0) + int(correction[i][1] > 0) for i in range(n)]  # int: numpy bools OR
+    # heap of [rank, item, remaining_s, chunk_s, copy_frac, gather_frac]; rank = (0 urgent | 1, item)
+    ready: list[list] = []
     cur: list | None = None  # the job on the link
     seg_start = 0.0
     link_free = link_free_s if link_free_s > t0 else t0
     link_done = check = INF
     gpu_end = INF
     gpu_next, gpu_free, gpu_item = 0, t0, -1
-    busy = 0.0
+    busy = gbusy = 0.0
     stalls = [0.0] * n
 
-    def release(table: Sequence[tuple[float, float]], i: int, urgent: int, t: float) -> None:
+    def release(table: Sequence[tuple[float, ...]], i: int, urgent: int, t: float) -> None:
         nonlocal check
-        nbytes, service = table[i]
+        entry = table[i]
+        nbytes, service = entry[0], entry[1]
         if service <= 0:
             return
-        job = [(urgent ^ 1, i), i, service, service * min(1.0, chunk_bytes / nbytes)]
+        copy_frac, gather_frac = (entry[2] / service, entry[3] / service) if len(entry) > 2 else (1.0, 0.0)
+        job = [(urgent ^ 1, i), i, service, service * min(1.0, chunk_bytes / nbytes), copy_frac, gather_frac]
         heapq.heappush(ready, job)
         if cur is not None and job[0] < cur[0]:  # pre-empt at the next chunk boundary of `cur`
             chunks = math.ceil((t - seg_start) / cur[3] - 1e-12) if t > seg_start else 1
@@ -126,7 +134,8 @@ def run_interruptible(
                 dispatch(t)
             start_gpu(t)
         elif t == link_done:
-            busy += t - seg_start
+            busy += (t - seg_start) * cur[4]
+            gbusy += (t - seg_start) * cur[5]
             if intervals is not None:
                 intervals.append(("transfer", cur[1], seg_start, t, False))
             missing[cur[1]] -= 1
@@ -136,11 +145,12 @@ def run_interruptible(
         else:  # a chunk boundary at which a better-ranked job waits
             check = INF
             if cur is not None and ready and ready[0][0] < cur[0]:
-                busy += t - seg_start
+                busy += (t - seg_start) * cur[4]
+                gbusy += (t - seg_start) * cur[5]
                 cur[2] -= t - seg_start
                 if intervals is not None:
                     intervals.append(("transfer", cur[1], seg_start, t, True))
                 heapq.heappush(ready, cur)
                 cur, link_free, link_done = None, t, INF
                 dispatch(t)
-    return StepTiming(gpu_free, sum(stalls), busy, link_free if cur is None else link_done, stalls)
+    return StepTiming(gpu_free, sum(stalls), busy, link_free if cur is None else link_done, stalls, gbusy)

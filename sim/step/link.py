@@ -1,4 +1,4 @@
-"""PCIe link and host-gather cost models: bytes and fragment counts → seconds.
+"""The I/O path of a recall as its parts: host gather, the H2D link, a GPU gather kernel; bytes → seconds.
 
 Link (one H2D DMA queue per GPU; copy engines are per direction, docs/sources.md §3.2). One transfer of
 ``s`` bytes takes::
@@ -8,17 +8,33 @@ Link (one H2D DMA queue per GPU; copy engines are per direction, docs/sources.md
                                              (h2d_size_table; sizes outside the table take the nearest
                                              point's rate)
 
-``per_fragment`` I/O pays this per fragment (N·t0 + bytes/BW for N equal fragments); ``gather_scatter``
-pays it once for the coalesced transfer. docs/sources.md §3.3: 8 KiB fragments reach ~6 GB/s on a link
-whose large copies run at 25–55 GB/s, i.e. t0 ≈ 1.2 µs.
+Per layer, by the policy's ``io`` (N fragments, ``bytes`` in all):
 
-Host gather (gather_scatter only): the CPU copies each fragment from the host pool into the pinned
-staging buffer before the H2D copy, ``threads`` threads in parallel::
+* ``per_fragment`` — one copy per fragment: N · t(bytes / N). docs/sources.md §3.3: 8 KiB fragments reach
+  ~6 GB/s on a link whose large copies run at 25–55 GB/s, i.e. t0 ≈ 1.2 µs.
+* ``batched`` — one call for all fragments (as ``cudaMemcpyBatchAsync``): call + N · entry + bytes / BW
+  (h2d_batch_call_us, h2d_batch_entry_us; §3.3: the batched per-entry cost is ~0.47–0.65 of a lone copy's).
+* ``gather_scatter`` — host gather into a pinned staging buffer, then one copy t(bytes).
+* ``streamed`` — gather-scatter in chunks of ``chunk_bytes``: the host gathers chunk j+1 while the link
+  copies chunk j (the interruptible schedule). The job completes after
+  ``t0 + max(g, body) + first · min(g, body)`` (body = copy − t0, first = chunk share of the first
+  chunk, which cannot overlap), but only the copy is link time (see :meth:`LinkModel.streamed_s`).
+* ``gpu_gather`` — a kernel on the GPU reads pinned host memory (UVA zero-copy): no host gather, no
+  staging copy: launch + (bytes + N · half) / BW_gg, i.e. a fragment of s bytes runs at
+  BW_gg · s / (s + half). It crosses PCIe, so it counts as link time; its SM cost is the policy's
+  (sim/policies/offload.py). §3.2: > 20 GB/s on Gen4 (SparseServe), ~35 GB/s SM-driven on Hopper.
 
-    g(N, bytes) = (N · fragment_cost + bytes / per_thread_rate) / threads
+Host gather (the host-gather resource: CPU threads and host memory bandwidth)::
 
-D2H coupling: while offload writes (D2H) keep their copy engine busy for a fraction f of a step, H2D
-transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured, docs/sources.md §3.2).
+    g(N, bytes) = N · fragment_cost / threads + bytes / rate,
+    rate = min(threads · per_thread_rate, host_memory_gbps / gpus_per_node / 2)
+
+The cap is optional: the node's host memory bandwidth split evenly among its GPUs (a static fair share —
+every GPU is assumed to gather at once; a gather reads and writes each byte, hence the 2).
+
+D2H (one D2H DMA queue per GPU, sim/step/timing.py): while offload writes keep it busy for a fraction f
+of a step, H2D transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured,
+docs/sources.md §3.2).
 """
 
 from __future__ import annotations
@@ -34,11 +50,15 @@ def table_copy_s(sizes: np.ndarray, log_sizes: np.ndarray, table_bps: np.ndarray
     return sizes / np.interp(np.log(sizes), log_sizes, table_bps)
 
 
+IO_MODES = ("per_fragment", "batched", "gather_scatter", "streamed", "gpu_gather")
+
+
 class LinkModel:
-    """H2D transfer times for one GPU.
+    """Per-layer times of the I/O path for one GPU.
 
     Args:
-        hardware: the card (bandwidth, per-transfer latency, optional size table, gather parameters).
+        hardware: the card (link bandwidth and per-transfer cost, optional size table, batched-copy and
+            GPU-gather costs, host gather parameters, D2H bandwidth and coupling).
     """
 
     def __init__(self, hardware: HardwareSpec) -> None:
@@ -48,10 +68,24 @@ class LinkModel:
         self.log_sizes = np.log([size for size, _ in table]) if table else None
         self.table_bps = np.array([gbps * 1e9 for _, gbps in table]) if table else None
         self.gather_threads = hardware.host_gather_threads
-        self.gather_bps = hardware.host_gather_gbps_per_thread * 1e9
+        self.gather_bps = self.host_gather_bps(hardware)
         self.gather_fragment_s = hardware.host_gather_fragment_us * 1e-6
+        self.batch_call_s = hardware.h2d_batch_call_us * 1e-6
+        self.batch_entry_s = hardware.h2d_batch_entry_us * 1e-6
+        self.gg_bps = hardware.gpu_gather_gbps * 1e9
+        self.gg_launch_s = hardware.gpu_gather_launch_us * 1e-6
+        self.gg_half_bytes = hardware.gpu_gather_half_bytes
         self.d2h_bps = hardware.d2h_bandwidth_gbps * 1e9
         self.d2h_coupling = hardware.d2h_coupling
+
+    @staticmethod
+    def host_gather_bps(hardware: HardwareSpec) -> float:
+        """One GPU's host gather rate in B/s: threads × per-thread rate, capped by its share of the node's
+        host memory bandwidth (read + write of each byte) when ``host_memory_gbps`` is set."""
+        rate = hardware.host_gather_threads * hardware.host_gather_gbps_per_thread * 1e9
+        if hardware.host_memory_gbps is not None:
+            rate = min(rate, hardware.host_memory_gbps * 1e9 / hardware.gpus_per_node / 2)
+        return rate
 
     # The scalar methods below are the per-layer formulas of :meth:`layer_times` for one value, so the
     # tests of these formulas exercise the code the simulator runs.
@@ -59,9 +93,10 @@ class LinkModel:
         """Seconds for one transfer of ``size_bytes`` (0 for an empty one)."""
         return float(self.copies_s(np.array([size_bytes], dtype=float))[0])
 
-    def fragments_s(self, num_fragments: float, fragment_bytes: float) -> float:
-        """Seconds for ``num_fragments`` separate copies of ``fragment_bytes`` each (per_fragment I/O)."""
-        return float(self.layer_times([num_fragments * fragment_bytes], [num_fragments], "per_fragment")[1][0])
+    def fragments_s(self, num_fragments: float, fragment_bytes: float, io: str = "per_fragment") -> float:
+        """Link seconds for ``num_fragments`` fragments of ``fragment_bytes`` each (``per_fragment``,
+        ``batched`` or ``gpu_gather``)."""
+        return float(self.layer_times([num_fragments * fragment_bytes], [num_fragments], io)[1][0])
 
     def gather_s(self, num_fragments: float, nbytes: float) -> float:
         """Host seconds to gather ``num_fragments`` fragments totalling ``nbytes`` into the staging buffer."""
@@ -70,28 +105,47 @@ class LinkModel:
     def layer_times(
         self, nbytes: np.ndarray, fragments: np.ndarray, io: str, chunk_bytes: float = 0.0
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised (gather seconds, link seconds) for arrays of per-layer recalls (float arrays, same shape).
+        """Vectorised (host gather seconds, link seconds) for arrays of per-layer recalls (float arrays, same
+        shape). Link seconds are the time the transfer itself occupies PCIe (copy, or the gather kernel);
+        for ``streamed`` the job's completion is :meth:`streamed_s` of the two.
 
-        ``io``: ``per_fragment`` (equal fragments, one copy each), ``gather_scatter`` (gather, then one
-        copy) or ``streamed`` (gather and copy pipelined in chunks of ``chunk_bytes``).
+        Raises:
+            ValueError: for an unknown ``io``.
         """
         nbytes = np.asarray(nbytes, dtype=float)
         fragments = np.asarray(fragments, dtype=float)
         some = nbytes > 0
         zero = np.zeros_like(nbytes)
+        n = np.maximum(fragments, 1)
         if io == "per_fragment":
-            size = np.where(some, nbytes / np.maximum(fragments, 1), 1.0)
+            size = np.where(some, nbytes / n, 1.0)
             return zero, np.where(some, fragments * self._one_copy(size), 0.0)
+        if io == "batched":
+            return zero, np.where(some, self.batch_call_s + n * self.batch_entry_s + nbytes / self.bps, 0.0)
+        if io == "gpu_gather":
+            return zero, np.where(some, self.gg_launch_s + (nbytes + n * self.gg_half_bytes) / self.gg_bps, 0.0)
+        if io not in ("gather_scatter", "streamed"):
+            raise ValueError(f"io={io!r} must be one of {IO_MODES}")
         gather = np.where(
-            some, (fragments * self.gather_fragment_s + nbytes / self.gather_bps) / self.gather_threads, 0
+            some, fragments * self.gather_fragment_s / self.gather_threads + nbytes / self.gather_bps, 0.0
         )
-        copy = self.copies_s(nbytes)
-        if io == "gather_scatter":
-            return gather, copy
+        return gather, self.copies_s(nbytes)
+
+    def streamed_s(self, gather: np.ndarray, copy: np.ndarray, nbytes: np.ndarray, chunk_bytes: float) -> np.ndarray:
+        """Completion seconds of streamed gather-scatter jobs (float arrays, same shape): the host gathers
+        chunk j+1 while the link copies chunk j, so the job takes ``t0 + max(g, body) + first · min(g, body)``
+        where ``body`` = copy − t0 and ``first`` = the first chunk's share of the bytes (no overlap for it).
+
+        Accounting (sim/step/interrupt.py): the link is held for the whole job — a waiting link takes no
+        other job except by pre-emption at a chunk boundary — but only ``copy`` counts as link busy time;
+        the rest is the link idling on the gather, which counts as gather busy time.
+        """
+        nbytes = np.asarray(nbytes, dtype=float)
+        some = nbytes > 0
         t0 = 0.0 if self.log_sizes is not None else self.t0_s
-        body = np.maximum(copy - t0, 0.0)
+        body = np.maximum(np.asarray(copy, dtype=float) - t0, 0.0)
         first = np.minimum(1.0, chunk_bytes / np.where(some, nbytes, 1.0))
-        return zero, np.where(some, t0 + np.maximum(gather, body) + first * np.minimum(gather, body), 0.0)
+        return np.where(some, t0 + np.maximum(gather, body) + first * np.minimum(gather, body), 0.0)
 
     def copies_s(self, sizes: np.ndarray) -> np.ndarray:
         """Seconds for one transfer of each size (float array of bytes; 0 where the size is 0)."""
@@ -104,11 +158,15 @@ class LinkModel:
             return self.t0_s + size / self.bps
         return table_copy_s(size, self.log_sizes, self.table_bps)
 
-    def d2h_slowdown(self, d2h_bytes: float, step_s: float) -> float:
-        """Factor (≥ 1) stretching H2D times in a step of ``step_s`` whose offload writes move ``d2h_bytes``."""
-        if d2h_bytes <= 0 or self.d2h_coupling == 0 or step_s <= 0:
+    def d2h_s(self, nbytes: float) -> float:
+        """Seconds the D2H queue needs for ``nbytes`` of offload writes (bandwidth only: few, large copies)."""
+        return nbytes / self.d2h_bps if nbytes > 0 else 0.0
+
+    def d2h_slowdown(self, d2h_busy_s: float, step_s: float) -> float:
+        """Factor (≥ 1) stretching H2D times in a step of ``step_s`` during ``d2h_busy_s`` of which D2H runs."""
+        if d2h_busy_s <= 0 or self.d2h_coupling == 0 or step_s <= 0:
             return 1.0
-        busy = min(1.0, d2h_bytes / self.d2h_bps / step_s)
+        busy = min(1.0, d2h_busy_s / step_s)
         return 1.0 / (1.0 - self.d2h_coupling * busy)
 
     def achieved_gbps(self, nbytes: float, seconds: float) -> float:

@@ -4,7 +4,8 @@ Per step, with per-layer host gather times ``g[l]``, link times ``r[l]`` and com
 (one-layer look-ahead)::
 
     recall l   issued at  t0 (l = 0) or when compute of layer l-1 starts (l ≥ 1)
-    gather l   starts at  max(issue, host free)            — gather-scatter only; g = 0 otherwise
+    gather l   starts at  max(issue, host free)            — gather-scatter only; g = 0 otherwise; the
+                                                             host-gather resource, not the link
     copy l     starts at  max(gather l end, link free)     — one H2D DMA queue per GPU, FIFO
     compute l  starts at  max(compute l-1 end, copy l end) — stall = the wait on the recall
 
@@ -34,6 +35,7 @@ class StepTiming:
     link_busy_s: float  # total H2D time of the recalls
     link_free_s: float  # when the link is next free
     layer_stall_s: list[float]  # per layer
+    gather_busy_s: float = 0.0  # total host-gather time of the recalls (not link time)
 
 
 def run_closed_form(
@@ -49,9 +51,10 @@ def run_closed_form(
     Args:
         t0: time the step's layer 0 may start (seconds).
         compute_s: per-layer GPU time, length num_layers.
-        recall_s: per-layer link time, length num_layers; 0 means nothing to recall.
+        recall_s: per-layer link (copy) time, length num_layers; 0 means nothing to recall.
         link_free_s: when the H2D link finishes work queued before this step.
-        gather_s: per-layer host gather time before each copy (gather-scatter), or None.
+        gather_s: per-layer host gather time before each copy (gather-scatter), or None; it occupies the
+            host-gather resource, never the link.
         intervals: if a list, receives ``(kind, layer, start_s, end_s, preempted)`` tuples for the
             timeline (kind ``compute``, ``gather`` or ``transfer``; never pre-empted here).
 
@@ -61,7 +64,7 @@ def run_closed_form(
     # Hot path: plain floats, one pass over the layers.
     gpu_free = issue = host_free = t0
     link_free = link_free_s
-    stall = busy = 0.0
+    stall = busy = gbusy = 0.0
     stalls = [0.0] * len(compute_s)
     gathers = gather_s if gather_s is not None else [0.0] * len(compute_s)
     for layer, (c, r, g) in enumerate(zip(compute_s, recall_s, gathers)):
@@ -70,6 +73,7 @@ def run_closed_form(
             start = issue
             if g > 0.0:
                 host_free = (issue if issue > host_free else host_free) + g
+                gbusy += g
                 start = host_free
                 if intervals is not None:
                     intervals.append(("gather", layer, host_free - g, host_free, False))
@@ -87,7 +91,7 @@ def run_closed_form(
         gpu_free = ready + c
         if intervals is not None:
             intervals.append(("compute", layer, ready, gpu_free, False))
-    return StepTiming(gpu_free, stall, busy, link_free, stalls)
+    return StepTiming(gpu_free, stall, busy, link_free, stalls, gbusy)
 
 
 def run_events(
@@ -108,7 +112,7 @@ def run_events(
     num_layers = len(compute_s)
     issued = [env.event() for _ in range(num_layers)]
     done = [env.event() for _ in range(num_layers)]
-    busy = [0.0]
+    busy = [0.0, 0.0]  # link, host gather
 
     def recall(layer: int) -> Generator[simpy.Event, object, None]:
         yield issued[layer]
@@ -117,6 +121,7 @@ def run_events(
                 with host.request() as req:
                     yield req
                     yield env.timeout(gather_s[layer])
+                    busy[1] += gather_s[layer]
             with link.request() as req:
                 yield req
                 yield env.timeout(recall_s[layer])
@@ -136,4 +141,4 @@ def run_events(
             if layer + 1 < num_layers:
                 issued[layer + 1].succeed()
             yield env.timeout(compute_s[layer])
-    return StepTiming(env.now, sum(stalls), busy[0], env.now, stalls)
+    return StepTiming(env.now, sum(stalls), busy[0], env.now, stalls, busy[1])

@@ -9,6 +9,14 @@ Which pipeline times the step follows from the cost (the policy's choice), not f
   ``run.layer_model: events`` (``run_events``; tested equal to the recurrence).
 
 The link's state carries over between steps (``link_free_s``: queued H2D work a step leaves behind).
+
+D2H (offload writes): copy engines are per direction (docs/sources.md §3.2), so each GPU has a D2H queue
+beside the H2D link. It carries the eager per-token backups of offloaded requests (queued at each decode
+step's start, ``StepCost.d2h_bytes``) and the prompt KV of requests that run offloaded after a colocated
+prefill (queued when their prefill forward ends, :meth:`StepDevices.queue_d2h`). While it is busy, H2D
+copies slow down by the card's ``d2h_coupling``: a step whose first ``b`` seconds (of an estimated
+``Σ compute``) overlap queued D2H work runs its H2D times ``1 / (1 − coupling · min(1, b / Σ compute))``
+longer (sim/step/link.py). For a streamed gather-scatter job only its copy share stretches.
 """
 
 from __future__ import annotations
@@ -17,27 +25,49 @@ from collections.abc import Generator
 
 import simpy
 
-from sim.step.cost import StepCost
+from sim.config import HardwareSpec
+from sim.step.cost import InterruptPlan, StepCost
 from sim.step.interrupt import run_interruptible
+from sim.step.link import LinkModel
 from sim.step.pipeline import StepTiming, run_closed_form, run_events
 
 
 class StepDevices:
-    """The devices a replica's decode steps share: GPU stream, H2D link, host gather threads.
+    """The devices a replica's decode steps share: GPU stream, H2D link, D2H queue, host gather threads.
 
     Args:
         env: the SimPy environment.
         layer_events: time recalling steps with SimPy events (``run.layer_model: events``) instead of the
             closed-form recurrence.
+        hardware: the card (D2H bandwidth and coupling); None models no D2H traffic.
     """
 
-    def __init__(self, env: simpy.Environment, layer_events: bool) -> None:
+    def __init__(self, env: simpy.Environment, layer_events: bool, hardware: HardwareSpec | None = None) -> None:
         self.env = env
         self.layer_events = layer_events
         self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (copy engines per direction)
         self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
         self.host_gather = simpy.Resource(env, capacity=1)  # the gather threads, one layer at a time
         self.link_free_s = 0.0  # when the link finishes the H2D work queued so far
+        self.d2h = LinkModel(hardware) if hardware is not None else None
+        self.d2h_free_s = 0.0  # when the D2H queue finishes the offload writes queued so far
+        self.d2h_busy_s = 0.0  # D2H seconds queued over the run
+
+    def queue_d2h(self, now_s: float, nbytes: float) -> float:
+        """Queue ``nbytes`` of offload writes on the D2H link at ``now_s`` (FIFO); return their seconds."""
+        if self.d2h is None or nbytes <= 0:
+            return 0.0
+        seconds = self.d2h.d2h_s(nbytes)
+        self.d2h_free_s = max(now_s, self.d2h_free_s) + seconds
+        self.d2h_busy_s += seconds
+        return seconds
+
+    def h2d_slowdown(self, start_s: float, cost: StepCost) -> float:
+        """Queue the step's backups on the D2H link; return the factor (≥ 1) its H2D copies stretch by."""
+        self.queue_d2h(start_s, cost.d2h_bytes)
+        if self.d2h is None:
+            return 1.0
+        return self.d2h.d2h_slowdown(self.d2h_free_s - start_s, sum(cost.compute_s))
 
     def run_forward(self, duration_s: float) -> Generator[simpy.Event, object, None]:
         """A forward that only computes (a prefill), holding the GPU stream when resources are modelled."""
@@ -66,11 +96,13 @@ def run_step(
     """
     env = devices.env
     start = env.now
+    slow = devices.h2d_slowdown(start, cost)
     if cost.recall_s is None and cost.interrupt is None:
         yield env.timeout(overhead_s + sum(cost.compute_s) + cost.head_s)
         return None
+    recall_s = cost.recall_s if slow == 1.0 or cost.recall_s is None else [r * slow for r in cost.recall_s]
     if cost.interrupt is not None:
-        plan = cost.interrupt
+        plan = _stretched(cost.interrupt, slow)
         timing = run_interruptible(
             start + overhead_s, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
             plan.chunk_bytes, devices.link_free_s, intervals,
@@ -78,16 +110,31 @@ def run_step(
     elif devices.layer_events:
         yield env.timeout(overhead_s)
         timing = yield env.process(
-            run_events(
-                env, devices.link, devices.gpu, cost.compute_s, cost.recall_s, devices.host_gather, cost.gather_s
-            )
+            run_events(env, devices.link, devices.gpu, cost.compute_s, recall_s, devices.host_gather, cost.gather_s)
         )
         yield env.timeout(cost.head_s)
         return timing
     else:
         timing = run_closed_form(
-            start + overhead_s, cost.compute_s, cost.recall_s, devices.link_free_s, cost.gather_s, intervals
+            start + overhead_s, cost.compute_s, recall_s, devices.link_free_s, cost.gather_s, intervals
         )
     devices.link_free_s = timing.link_free_s
     yield env.timeout(timing.end_s + cost.head_s - start)
     return timing
+
+
+def _stretched(plan: InterruptPlan, slow: float) -> InterruptPlan:
+    """The plan with each job's copy share ``slow`` times longer (its service grows by the extra copy time)."""
+    if slow == 1.0:
+        return plan
+
+    def stretch(jobs: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
+        out = []
+        for job in jobs:
+            copy = job[2] if len(job) > 2 else job[1]
+            extra = copy * (slow - 1.0)
+            gather = job[3] if len(job) > 3 else 0.0
+            out.append((job[0], job[1] + extra, copy + extra, gather) if job[1] > 0 else job)
+        return out
+
+    return InterruptPlan(stretch(plan.prefetch), stretch(plan.correction), plan.lookahead_items, plan.chunk_bytes)

@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.fit import fit_compute, fit_gather, fit_link, fit_relative_nonneg, fit_selection, table_copy_s
+from calibrate.fit import (
+    fit_compute,
+    fit_gather,
+    fit_gpu_gather,
+    fit_link,
+    fit_relative_nonneg,
+    fit_selection,
+    table_copy_s,
+)
 
 NOISE = 0.02  # ±2 % per sample; fits take the fastest of 5 repeats
 
@@ -114,3 +122,22 @@ def test_fits_refuse_too_few_points():
             ),
             "m",
         )
+
+
+def test_fit_gpu_gather_recovers_launch_rate_and_half_size():
+    rng = np.random.default_rng(5)
+    launch_s, bps, half = 6e-6, 30e9, 256.0
+    rows = []
+    for frag in (1024, 8192, 65536):
+        for n in (64, 512, 4096):
+            truth = launch_s + (n * frag + n * half) / bps
+            rows += [("gpu_gather", frag, n, n * frag, r, s) for r, s in enumerate(_noisy(rng, truth))]
+            rows += [("per_fragment", frag, n, n * frag, r, s) for r, s in enumerate(_noisy(rng, 5 * truth))]
+    recall = pd.DataFrame(
+        rows, columns=["mode", "fragment_bytes", "num_fragments", "recall_bytes", "repeat", "seconds"]
+    )
+    gg = fit_gpu_gather(recall)
+    assert gg.launch_us == pytest.approx(6.0, rel=0.15)
+    assert gg.gbps == pytest.approx(30.0, rel=0.05)
+    assert gg.half_bytes == pytest.approx(256.0, rel=0.15)
+    assert fit_gpu_gather(recall[recall["mode"] != "gpu_gather"]) is None  # a CPU calibration measures none

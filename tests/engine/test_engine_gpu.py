@@ -16,7 +16,7 @@ from engine.pipeline import OffloadedDecoder  # noqa: E402
 from engine.timing import Timer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-MODES = ["per_fragment", "gather_scatter"]
+MODES = ["per_fragment", "gather_scatter", "gpu_gather"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -40,7 +40,20 @@ def test_cuda_recall_matches_host_blocks_in_both_modes(make_pools, with_heads, d
         if heads is None:
             assert torch.equal(device_pool.layers[1][dst.cuda()].cpu(), host_pool.layers[1][src])
         results.append(torch.cat([layer.cpu().view(-1).view(torch.uint8) for layer in device_pool.layers]))
-    assert torch.equal(*results)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_cuda_gpu_gather_runs_the_triton_kernel_when_triton_is_there(make_pools):
+    """The gpu_gather mode must really be a GPU kernel on pinned host memory, not the gather_scatter fallback."""
+    pytest.importorskip("triton")
+    device_pool, host_pool = make_pools(dtype=torch.bfloat16, device="cuda", block_size=16)
+    io = make_io("gpu_gather", host_pool, device_pool)
+    src, dst = torch.arange(4), torch.arange(4) + 2
+    io.recall(0, src, dst)
+    io.wait(0)
+    torch.cuda.synchronize()
+    assert io.path == "triton_uva"
+    assert torch.equal(device_pool.layers[0][dst.cuda()].cpu(), host_pool.layers[0][src])
 
 
 @pytest.mark.parametrize("selection", ["solohead", "headwise"])

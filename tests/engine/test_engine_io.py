@@ -12,7 +12,7 @@ from engine.io import GatherScatterIO, fragment_rows, make_io, offload_blocks, r
 BLOCK_SIZES = [1, 4, 16]
 NUM_KV_HEADS = [1, 2, 4]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-MODES = ["per_fragment", "gather_scatter"]
+MODES = ["per_fragment", "gather_scatter", "gpu_gather"]
 
 
 def _choice(n_src: int, n_dst: int, n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,9 +80,10 @@ def test_modes_leave_byte_identical_pools(make_pools, block_size, num_kv_heads, 
     for mode, (device_pool, host_pool) in pools.items():
         _recall_all_layers(mode, device_pool, host_pool, src[:4], dst[:4])
         _recall_all_layers(mode, device_pool, host_pool, src[4:], dst[4:], heads[4:])
-    (pf_dev, _), (gs_dev, _) = pools.values()
-    for a, b in zip(pf_dev.layers, gs_dev.layers):
-        assert torch.equal(_bytes(a), _bytes(b))
+    (pf_dev, _), *others = pools.values()
+    for dev, _ in others:
+        for a, b in zip(pf_dev.layers, dev.layers):
+            assert torch.equal(_bytes(a), _bytes(b))
 
 
 @pytest.mark.parametrize("with_heads", [False, True])
@@ -94,7 +95,7 @@ def test_gather_scatter_in_several_chunks_equals_one_chunk(make_pools, with_head
         device_pool, host_pool = make_pools()
         _recall_all_layers("gather_scatter", device_pool, host_pool, src, dst, heads, staging_bytes=staging_bytes)
         results.append(torch.cat([_bytes(layer) for layer in device_pool.layers]))
-    assert torch.equal(*results)
+    assert all(torch.equal(results[0], r) for r in results[1:])
 
 
 def test_empty_recall_moves_nothing(make_pools):
@@ -161,4 +162,14 @@ def test_staging_that_is_not_a_multiple_of_the_row_size_still_copies_exactly(mak
         _recall_all_layers(mode, device_pool, host_pool, src[:3], dst[:3], **kwargs)
         _recall_all_layers(mode, device_pool, host_pool, src[3:], dst[3:], heads[3:], **kwargs)
         results.append(torch.cat([_bytes(layer) for layer in device_pool.layers]))
-    assert torch.equal(*results)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def test_gpu_gather_on_cpu_is_one_direct_index_copy(make_pools):
+    """On CPU the mode reads host rows straight into device rows (no staging) and says so."""
+    device_pool, host_pool = make_pools(block_size=4, num_kv_heads=2)
+    io = make_io("gpu_gather", host_pool, device_pool)
+    assert io.path == "cpu" and not hasattr(io, "_staging")
+    src, dst = _choice(host_pool.num_blocks, device_pool.num_blocks, 3)
+    io.recall(0, src, dst, torch.tensor([1, 0, 1]))
+    assert torch.equal(_bytes(device_pool.layers[0][dst[0], :, :, 1]), _bytes(host_pool.layers[0][src[0], :, :, 1]))

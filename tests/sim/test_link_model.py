@@ -65,5 +65,5 @@ def test_d2h_coupling_slows_h2d_in_proportion_to_d2h_busy_time():
     link = LinkModel(_hw(d2h_coupling=0.5, d2h_bandwidth_gbps=10))
     assert link.d2h_slowdown(0, 1e-3) == 1.0
     # 5 MB at 10 GB/s keeps D2H busy for half of a 1 ms step → H2D at 1 - 0.5 * 0.5 of its rate
-    assert link.d2h_slowdown(5e6, 1e-3) == pytest.approx(1 / 0.75)
-    assert link.d2h_slowdown(50e6, 1e-3) == pytest.approx(1 / 0.5)  # busy share saturates at 1
+    assert link.d2h_slowdown(link.d2h_s(5e6), 1e-3) == pytest.approx(1 / 0.75)
+    assert link.d2h_slowdown(link.d2h_s(50e6), 1e-3) == pytest.approx(1 / 0.5)  # busy share saturates at 1

@@ -165,7 +165,7 @@ def test_recall_bytes_follow_profile_miss_fractions(tmp_path, level):
     pol = scenario.policy["pulseinfer"]
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
     n = 4000
-    ctx = np.full(n, 100_000)
+    ctx = np.full(n, 100_007)  # off a block boundary: no block is leaving the recent window (no fresh-block misses)
     rec = recall.step(ctx, np.zeros(n, dtype=bool), np.random.default_rng(0))
     selected = pol.budget_tokens // pol.block_size
     per_layer = rec.fragments[0] / (n * selected)  # measured miss fraction per layer
