@@ -115,8 +115,9 @@ def load_case(path: Path) -> CaseSpec:
         spec = CaseSpec.model_validate(raw)
     except ValidationError as exc:
         raise CaseError(f"{path}: {format_validation_error(exc)}") from None
-    except ValueError as exc:
-        raise CaseError(f"{path}: {exc}") from None
+    except ValueError as exc:  # read_yaml's ScenarioError already names the file
+        message = str(exc)
+        raise CaseError(message if str(path) in message else f"{path}: {message}") from None
     if isinstance(spec.compute, SimulateSpec):
         for key, quantity in (("numerator", spec.compute.numerator), ("denominator", spec.compute.denominator)):
             for point in _points(quantity):
