@@ -39,6 +39,7 @@ COMMANDS = [
     "plot",
     "calibrate",
     "validate",
+    "cases",
     "accuracy",
     "engine_bench",
     "trace",
@@ -47,7 +48,7 @@ COMMANDS = [
 # top-level package → names of its exception classes that mean bad input (subclasses included)
 INPUT_ERRORS: dict[str, frozenset[str]] = {
     "pulseinfer": frozenset({"UsageError"}),
-    "sim": frozenset({"ScenarioError", "CapacityError", "SpaceError", "SearchError", "PlanError"}),
+    "sim": frozenset({"ScenarioError", "CapacityError", "SpaceError", "SearchError", "PlanError", "CaseError"}),
     "traces": frozenset({"TraceError"}),
     "plots": frozenset({"MissingData"}),
     "engine": frozenset({"ModelNotInstalled"}),

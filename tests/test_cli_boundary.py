@@ -137,6 +137,7 @@ def test_every_listed_input_error_is_an_exception_class_of_its_package():
         "sim.run",
         "sim.study.search",
         "sim.study.plan",
+        "sim.study.cases",
         "sim.config.profiles",
         "sim.study.space",
         "traces",

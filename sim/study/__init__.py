@@ -1,1 +1,4 @@
-"""Studies built on simulation (search, SLOs, capacity planning); the simulator core never imports this layer."""
+"""Studies built on simulation (search, SLOs, capacity planning, published cases).
+
+The simulator core never imports this layer.
+"""
