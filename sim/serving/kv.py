@@ -4,7 +4,8 @@ Only counts are kept here; which block holds what is the engine's business. Exha
 value (``allocate`` → False), never an exception: the scheduler decides whether to wait or preempt.
 
 Device pool size follows SGLang's rule (docs/sources.md §5.1): HBM − reserve − weights, in blocks of
-``block_size × kv_bytes_per_token`` bytes.
+``block_size × kv_bytes_per_token`` bytes. With tensor parallelism the model and card handed in are one GPU's
+(sim/config/parallel.py): weights / tp, KV heads / tp, reserve (c + tp/2) GB — the pool of each GPU.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def device_pool_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int
         raise CapacityError(
             f"model {model.name} does not fit on hardware {hardware.name}: weights "
             f"{model.weight_bytes / GIB:.1f} GiB + reserve {hardware.reserve_gib:.1f} GiB exceed "
-            f"hbm_gib {hardware.hbm_gib:.1f} GiB; pick a larger GPU or a smaller model/dtype"
+            f"hbm_gib {hardware.hbm_gib:.1f} GiB (per GPU); pick a larger GPU, a smaller model/dtype or a larger "
+            f"serving.tp_size"
         )
     return pool_bytes // block_bytes
 

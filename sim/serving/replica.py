@@ -75,7 +75,7 @@ class Replica:
         self.env, self.scenario, self.policy, self.rng, self.rec = env, scenario, policy, rng, recorder
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
-        model, hw, block_size = scenario.model, scenario.hardware, policy.params.block_size
+        model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
         self.kv = KvState(
             device_pool_blocks(model, hw, block_size),
             hw.host_dram_bytes,
