@@ -23,6 +23,9 @@ class DensePolicy(Spec):
     new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
     new_token_ratio_decay_steps: PositiveInt = 600
     clip_max_new_tokens: PositiveInt = 4096
+    # Radix prefix cache over the trace's hash_ids (sim/serving/prefix.py): shared prompt prefixes held once;
+    # on in the sglang preset, as SGLang's radix cache is on by default (docs/sources.md §5.6).
+    prefix_cache: bool = False
 
     @model_validator(mode="after")
     def _check_ratio(self) -> DensePolicy:
@@ -76,6 +79,8 @@ class OffloadPolicy(DensePolicy):
 
     @model_validator(mode="after")
     def _check_blocks(self) -> OffloadPolicy:
+        if self.prefix_cache:
+            raise ValueError("prefix_cache is modelled for dense policies only (kind: dense); set it false")
         if self.micro_batches > 1 and self.scheduling != "interruptible":
             raise ValueError("micro_batches > 1 needs scheduling: interruptible")
         if self.selection == "all":

@@ -124,14 +124,44 @@ class Admission:
         req.offloaded = offloaded
         if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
             return WAIT
+        cached_blocks, room = self._prefix_room(req, kv)  # blocks already held by cached prefix nodes
         # The reservation rounds up per block; never ask for more than the request can ever hold.
-        if min(need + self.future_blocks(req), worst) > kv.device.free - reserved:
+        if min(need + self.future_blocks(req), worst) - cached_blocks > room - reserved:
             return WAIT
         if offloaded and not self.io_allows(kv, batch):
             return WAIT_IO
+        hit = self._take_prefix(req, kv, need)
         kv.hold(req, need, host_need)
-        req.prefill_target, req.prefilled = target, 0
+        req.prefill_target = target
+        req.prefilled = hit if cached is None else 0  # colocated prefill skips the cached prefix
         return OK
+
+    def _prefix_room(self, req: Request, kv: KvState) -> tuple[int, int]:
+        """(blocks of ``req``'s prompt already cached, free blocks counting unreferenced cached ones).
+
+        Without a prefix cache (or hashes): (0, free blocks). Cached nodes ``req`` would lock stop being
+        evictable, so they are not counted as room (SGLang ``PrefillAdder``: available + evictable).
+        """
+        if kv.prefix is None or not req.hash_ids:
+            return 0, kv.device.free
+        path, _ = kv.prefix.match(req.hash_ids, req.prompt_tokens, req.hash_block_tokens)
+        held = sum(n.blocks for n in path)
+        return held, kv.device.free + kv.prefix.evictable_blocks - kv.prefix.locked_evictable_blocks(path)
+
+    def _take_prefix(self, req: Request, kv: KvState, need: int) -> int:
+        """Lock ``req``'s prompt chain in the prefix cache (evicting LRU nodes for the new ones); hit tokens."""
+        if kv.prefix is None or not req.hash_ids:
+            if req.prefix_hit_tokens < 0:
+                req.prefix_hit_tokens = 0
+            return 0
+        path, hit, added = kv.prefix.acquire(req.hash_ids, req.prompt_tokens, req.hash_block_tokens, kv.clock())
+        shared = sum(n.blocks for n in path)
+        room_ok = kv.make_room(added + max(0, need - shared)) and kv.device.allocate(added)
+        assert room_ok, "prefix admission checked room it does not have"
+        req.prefix_path, req.shared_blocks = path, min(shared, need)
+        if req.prefix_hit_tokens < 0:
+            req.prefix_hit_tokens = hit
+        return hit
 
     def choose_offload(self, req: Request, kv: KvState, reserved: float) -> bool:
         """Whether ``req`` runs offloaded: the policy wants it and the host can hold its KV."""

@@ -40,6 +40,7 @@ from sim.config import Scenario
 from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
 from sim.serving.kv import KvState, device_pool_blocks
+from sim.serving.prefix import PrefixCache
 from sim.serving.request import DecodeBatch, Request
 from sim.step.cost import StepCost
 from sim.step.timing import StepDevices, run_step
@@ -76,12 +77,15 @@ class Replica:
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
+        prefix = PrefixCache(block_size) if policy.params.prefix_cache else None
         self.kv = KvState(
             device_pool_blocks(model, hw, block_size),
             hw.host_dram_bytes,
             block_size * model.kv_bytes_per_token,
             model.weight_bytes + hw.reserve_bytes,
+            prefix,
         )
+        self.kv.clock = lambda: env.now
         self.devices = StepDevices(env, scenario.run.layer_model == "events")
         self.debug = scenario.run.debug_checks
         self.waiting: deque[Request] = deque()
@@ -198,6 +202,8 @@ class Replica:
             return admitted
         for req in self._admitted(len(self.batch), lambda: True):
             req.prefilled = req.prefill_target
+            if math.isnan(req.decode_admit_s):  # the client's first token streams from here (PD)
+                req.decode_admit_s = self.env.now
             admitted.append(req)
         return admitted
 
@@ -217,10 +223,10 @@ class Replica:
         if not self.waiting or budget <= 0:
             return chunks
         for req in self._admitted(len(self.batch) + len(chunks), lambda: budget > 0):  # noqa: B023
-            take = min(req.prefill_target, budget)
+            take = min(req.prefill_target - req.prefilled, budget)  # prefilled: prefix-cache hit tokens
             chunks.append((req, take))
             budget -= take
-            if take < req.prefill_target:
+            if req.prefilled + take < req.prefill_target:
                 self.chunked = req
                 break
         return chunks
@@ -242,6 +248,8 @@ class Replica:
                 self._finish(r)
             else:
                 joining.append(r)
+                if math.isnan(r.decode_admit_s):
+                    r.decode_admit_s = now
         self.batch.add(joining)
         tokens = sum(take for _, take in chunks)
         self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, None, 0.0, 0.0)
@@ -285,8 +293,8 @@ class Replica:
         while len(b):
             new_blocks = pol.device_blocks(b.ctx + 1, b.offloaded)
             need = int((new_blocks - b.blocks).sum())
-            if self.kv.device.allocate(need):
-                b.blocks = new_blocks
+            if self.kv.device.allocate(need) or (self.kv.make_room(need) and self.kv.device.allocate(need)):
+                b.blocks = new_blocks  # (unreferenced prefix-cache nodes are evicted before anyone is preempted)
                 return
             # Preemption as SGLang retract_decode: fewest generated tokens first, then the longest prompt.
             victim = int(np.lexsort((-b.prompt, b.generated))[0])
@@ -342,7 +350,9 @@ class Replica:
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""
         kv = self.kv
+        reqs = self.batch.reqs + ([self.chunked] if self.chunked else [])
         held = int(self.batch.blocks.sum()) + (self.chunked.device_blocks if self.chunked else 0)
+        held += (kv.prefix.cached_blocks if kv.prefix else 0) - sum(r.shared_blocks for r in reqs)
         assert held == kv.device.used, f"device blocks held {held} != pool used {kv.device.used}"
         assert hbm_bytes <= self.scenario.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"
