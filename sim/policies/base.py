@@ -7,6 +7,7 @@ import numpy as np
 from sim.config import DensePolicy, Scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.serving.admission import Admission
+from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
 from sim.step.cost import StepCost
 
@@ -28,7 +29,8 @@ class Policy:
         self.hardware = per_gpu_hardware(scenario.hardware, tp)
         profile = scenario.profile
         self.compute = ComputeModel(self.model, self.hardware, profile.compute if profile else None, tp)
-        self.admission = Admission(self)  # who joins the batch; offload policies may own an IO-adaptive one
+        # who joins the batch; offload policies may own an IO-adaptive one
+        self.admission = DecodeAdmission(self) if params.decode_scheduler == "sglang_pd" else Admission(self)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         """Whether a request with this prompt runs offloaded (sparse recall)."""

@@ -66,9 +66,16 @@ class Admission:
         """After each decode step: decay ``new_token_ratio``; ``attended_tokens`` is what the step read per layer."""
         self.new_token_ratio = max(self.ratio_min, self.new_token_ratio - self.ratio_decay)
 
-    def on_preempt(self) -> None:
-        """After a preemption (SGLang resets the ratio to be conservative again)."""
-        self.new_token_ratio = self.ratio_init
+    def on_preempt(self, batch: DecodeBatch | None = None) -> None:
+        """After a preemption: ``retract_ratio: reset`` sets the ratio back to its initial value; ``estimate``
+        sets SGLang's re-estimate over the surviving ``batch`` (``retract_decode`` /
+        ``estimate_new_token_ratio_after_retract``): min(1, (Σ generated + steps · n) / (Σ output + 1))."""
+        p = self.policy.params
+        if p.retract_ratio == "estimate" and batch is not None and len(batch):
+            done = float(batch.generated.sum()) + p.retract_decode_steps * len(batch)
+            self.new_token_ratio = min(1.0, done / (float(batch.output.sum()) + 1.0))
+        else:
+            self.new_token_ratio = self.ratio_init
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         """Feedback from one decode step's timing (used by IO-adaptive admission)."""

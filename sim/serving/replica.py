@@ -77,7 +77,13 @@ class Replica:
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
-        prefix = PrefixCache(block_size) if policy.params.prefix_cache else None
+        self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
+        # SGLang's decode side of a PD deployment runs no radix cache by default (decode.py: ChunkCache unless
+        # --disaggregation-decode-enable-radix-cache): the prefix cache serves colocated prefill only.
+        prefix = PrefixCache(block_size) if policy.params.prefix_cache and not self.disaggregated else None
+        self.swap = self.disaggregated and policy.params.retract == "swap"
+        self.swap_s = 0.0  # host↔device KV copies of retracted requests, charged before the next decode step
+        self.d2h_bps, self.h2d_bps = hw.d2h_bandwidth_gbps * 1e9, hw.h2d_bandwidth_gbps * 1e9
         self.kv = KvState(
             device_pool_blocks(model, hw, block_size),
             hw.host_dram_bytes,
@@ -96,7 +102,6 @@ class Replica:
         self.num_done = 0  # finished or rejected
         self.closed = False  # no more submissions will come
         self.submitted: list[Request] = []  # in submission order
-        self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
         self.prefill_free = scenario.serving.prefill == "none"
         self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
 
@@ -202,6 +207,9 @@ class Replica:
             return admitted
         for req in self._admitted(len(self.batch), lambda: True):
             req.prefilled = req.prefill_target
+            if req.swapped:  # load its KV back from host (SGLang decode resume_retracted_reqs → load_kv_cache)
+                self.swap_s += req.prefill_target * self.policy.model.kv_bytes_per_token / self.h2d_bps
+                req.swapped = False
             if math.isnan(req.decode_admit_s):  # the client's first token streams from here (PD)
                 req.decode_admit_s = self.env.now
             admitted.append(req)
@@ -259,6 +267,9 @@ class Replica:
         env, b, pol, rec = self.env, self.batch, self.policy, self.rec
         start = env.now
         self._grow_or_preempt()
+        if self.swap_s > 0:  # retraction offloads and resume loads block the scheduler (synchronous copies)
+            swap_s, self.swap_s = self.swap_s, 0.0
+            yield from self.devices.run_forward(swap_s)
         if not len(b):
             return
         ctx = b.ctx + 1
@@ -303,11 +314,16 @@ class Replica:
             (req,) = b.remove(mask)
             self.kv.release(req)
             req.num_preemptions += 1
-            if self.disaggregated:
+            if self.swap:  # KV to host, back at the head of the queue (SGLang PD decode retraction)
+                ctx = req.prompt_tokens + req.generated - 1
+                self.swap_s += ctx * self.policy.model.kv_bytes_per_token / self.d2h_bps
+                req.swapped = True
+                self.waiting.appendleft(req)
+            elif self.disaggregated:
                 self._to_prefill(req)
             else:
                 self.waiting.appendleft(req)  # re-prefilled first
-            self.admission.on_preempt()
+            self.admission.on_preempt(b)
             self.rec.num_preemptions += 1
 
     # ---- bookkeeping -----------------------------------------------------------------------------
