@@ -26,6 +26,7 @@ class DensePolicy(Spec):
     # Radix prefix cache over the trace's hash_ids (sim/serving/prefix.py): shared prompt prefixes held once;
     # on in the sglang preset, as SGLang's radix cache is on by default (docs/sources.md §5.6).
     prefix_cache: bool = False
+    hicache: bool = False  # keep evicted prefix KV in host DRAM and reload it on a hit (needs prefix_cache)
     # SGLang's scheduler rules (docs/design.md §10, docs/sources.md §5.7). ``decode_scheduler``: with
     # disaggregated prefill, ``sglang_pd`` admits to the decode batch by SGLang's decode-side budget
     # (sim/serving/decode_admission.py), ``prefill_adder`` by the colocated PrefillAdder reservation.

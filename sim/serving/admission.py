@@ -152,7 +152,7 @@ class Admission:
         if kv.prefix is None or not req.hash_ids:
             return 0, kv.device.free
         path, _ = kv.prefix.match(req.hash_ids, req.prompt_tokens, req.hash_block_tokens)
-        held = sum(n.blocks for n in path)
+        held = sum(n.blocks for n in path if n.on_device)  # host-tier (HiCache) nodes need device room again
         return held, kv.device.free + kv.prefix.evictable_blocks - kv.prefix.locked_evictable_blocks(path)
 
     def _take_prefix(self, req: Request, kv: KvState, need: int) -> int:
@@ -166,6 +166,7 @@ class Admission:
         room_ok = kv.make_room(added + max(0, need - shared)) and kv.device.allocate(added)
         assert room_ok, "prefix admission checked room it does not have"
         req.prefix_path, req.shared_blocks = path, min(shared, need)
+        req.reload_tokens = kv.prefix.reloaded_tokens
         if req.prefix_hit_tokens < 0:
             req.prefix_hit_tokens = hit
         return hit

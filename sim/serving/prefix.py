@@ -19,6 +19,12 @@ Rules (as SGLang's radix cache, ``mem_cache/radix_cache.py``):
   a leaf joins the candidates (``evict``: a heap of evictable leaves by last access time).
 
 Model assumption: generated tokens are not inserted into the tree (a trace's ids cover prompts only).
+
+HiCache (``host_tier=True``, the ``sglang_hicache`` policy; sglang ``mem_cache/hiradix_cache.py``,
+docs/sources.md §5.6): an evicted node's KV stays in host DRAM (the node stays in the tree, off device); a hit
+on it loads it back over the host link, layer by layer overlapped with the prefill forward
+(:func:`reload_forward_s`). Model assumptions: the host tier is unbounded (SGLang sizes it at
+``--hicache-ratio`` × the device pool) and its write-back (D2H) costs nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ class Node:
     blocks: int
     refs: int = 0
     last_used_s: float = 0.0
-    children: int = 0
+    children: int = 0  # children on device (a node is evictable from device once this is 0)
+    on_device: bool = True  # False: evicted to the host tier (HiCache), reloaded on a hit
     node_id: int = field(default=0)
 
 
@@ -54,8 +61,11 @@ class PrefixCache:
     nodes).
     """
 
-    def __init__(self, page_tokens: int) -> None:
+    def __init__(self, page_tokens: int, host_tier: bool = False) -> None:
         self.page_tokens = page_tokens
+        self.host_tier = host_tier
+        self.host_blocks = 0  # blocks of nodes kept in host DRAM (HiCache)
+        self.reloaded_tokens = 0  # host-tier tokens the last :meth:`acquire` loaded back to the device
         self.nodes: dict[tuple[int, int], Node] = {}
         self.cached_blocks = 0
         self.evictable_blocks = 0
@@ -86,7 +96,7 @@ class PrefixCache:
 
     def locked_evictable_blocks(self, path: list[Node]) -> int:
         """Evictable blocks a request would lock by taking ``path`` (they stop being evictable)."""
-        return sum(n.blocks for n in path if n.refs == 0)
+        return sum(n.blocks for n in path if n.refs == 0 and n.on_device)
 
     def new_blocks(self, hash_ids: Sequence[int], prompt_tokens: int, block_tokens: int, path: list[Node]) -> int:
         """Pool blocks the nodes a request would add after its hit ``path`` take."""
@@ -101,7 +111,17 @@ class PrefixCache:
         The caller has made room for the new node blocks in the pool (they are counted in ``cached_blocks``).
         """
         path, hit = self.match(hash_ids, prompt_tokens, block_tokens)
-        added = 0
+        added = self.reloaded_tokens = 0
+        for node in path:  # host-tier nodes come back to the device (top-down, so parents are on device)
+            if not node.on_device:
+                node.on_device = True
+                self.host_blocks -= node.blocks
+                self.cached_blocks += node.blocks
+                self.evictable_blocks += node.blocks  # unreferenced until locked below
+                added += node.blocks
+                self.reloaded_tokens += node.tokens
+                if node.parent is not None:
+                    node.parent.children += 1
         parent = path[-1] if path else None
         chain = list(zip(hash_ids, self._chain_tokens(hash_ids, prompt_tokens, block_tokens)))
         for hid, tokens in chain[len(path) :]:
@@ -146,9 +166,14 @@ class PrefixCache:
         freed = 0
         while freed < blocks and heap:
             used_s, _, node = heapq.heappop(heap)
-            if node.refs or node.children or used_s != node.last_used_s or self.nodes.get(node.key) is not node:
-                continue  # stale entry
-            del self.nodes[node.key]
+            stale = node.refs or node.children or not node.on_device or used_s != node.last_used_s
+            if stale or self.nodes.get(node.key) is not node:
+                continue
+            if self.host_tier:  # HiCache: the KV moves to host DRAM, the node stays matchable
+                node.on_device = False
+                self.host_blocks += node.blocks
+            else:
+                del self.nodes[node.key]
             freed += node.blocks
             self.cached_blocks -= node.blocks
             self.evictable_blocks -= node.blocks
@@ -158,6 +183,15 @@ class PrefixCache:
                 if parent.children == 0 and parent.refs == 0:
                     heapq.heappush(heap, (parent.last_used_s, parent.node_id, parent))
         return freed
+
+
+def reload_forward_s(compute_s: float, load_s: float, num_layers: int) -> float:
+    """A prefill forward that also loads ``load_s`` seconds of host-tier KV, layer by layer (HiCache's
+    layer-wise overlap): layer l's load runs while layer l − 1 computes, so the forward takes
+    ``max(compute_s, load_s) + load_s / num_layers`` (the first layer's load is never hidden)."""
+    if load_s <= 0:
+        return compute_s
+    return max(compute_s, load_s) + load_s / num_layers
 
 
 def unbounded_hit_tokens(

@@ -40,7 +40,7 @@ from sim.config import Scenario
 from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
 from sim.serving.kv import KvState, device_pool_blocks
-from sim.serving.prefix import PrefixCache
+from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
 from sim.step.cost import StepCost
 from sim.step.timing import StepDevices, run_step
@@ -80,7 +80,8 @@ class Replica:
         self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
         # SGLang's decode side of a PD deployment runs no radix cache by default (decode.py: ChunkCache unless
         # --disaggregation-decode-enable-radix-cache): the prefix cache serves colocated prefill only.
-        prefix = PrefixCache(block_size) if policy.params.prefix_cache and not self.disaggregated else None
+        on = policy.params.prefix_cache and not self.disaggregated
+        prefix = PrefixCache(block_size, policy.params.hicache) if on else None
         self.swap = self.disaggregated and policy.params.retract == "swap"
         self.swap_s = 0.0  # host↔device KV copies of retracted requests, charged before the next decode step
         self.d2h_bps, self.h2d_bps = hw.d2h_bandwidth_gbps * 1e9, hw.h2d_bandwidth_gbps * 1e9
@@ -243,6 +244,12 @@ class Replica:
         start = self.env.now
         done = [r for r, take in chunks if r.prefilled + take >= r.prefill_target]
         duration = self.policy.compute.prefill_s([(take, r.prefilled) for r, take in chunks], len(done))
+        reload_tokens = sum(r.reload_tokens for r, _ in chunks)
+        if reload_tokens:  # HiCache: host-tier prefix KV loads back layer-wise during this forward
+            load_s = reload_tokens * self.policy.model.kv_bytes_per_token / self.h2d_bps
+            duration = reload_forward_s(duration, load_s, self.policy.model.num_layers)
+            for r, _ in chunks:
+                r.reload_tokens = 0
         yield from self.devices.run_forward(duration)
         for r, take in chunks:
             r.prefilled += take

@@ -4,14 +4,16 @@ effect on the simulator (hit fraction against an unbounded cache, colocated pref
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config import load_scenario
-from sim.run import simulate
+from sim.policies import make_policy
+from sim.run import simulate, simulate_policy
 from sim.serving.kv import KvState
-from sim.serving.prefix import PrefixCache, unbounded_hit_tokens
+from sim.serving.prefix import PrefixCache, reload_forward_s, unbounded_hit_tokens
 from sim.serving.request import Request
 from sim.workload import load_workload
 
@@ -126,3 +128,62 @@ def test_under_memory_pressure_the_cache_hits_no_more_than_unbounded():
     df = load_workload(scn)
     bound = sum(unbounded_hit_tokens(df["hash_ids"], df["prompt_tokens"], BT)) / df["prompt_tokens"].sum()
     assert 0 < simulate(scn).policies["sglang"].summary["prefix_hit_frac"] <= bound
+
+
+def test_hicache_keeps_evicted_nodes_on_host_and_reloads_them():
+    cache = PrefixCache(1, host_tier=True)
+    path, _, _ = cache.acquire([1, 2], 1024, BT, 0.0)
+    cache.release(path, 0.0)
+    assert cache.evict(10**9) == 1024 and cache.host_blocks == 1024 and cache.cached_blocks == 0
+    path, hit, added = cache.acquire([1, 2, 3], 1200, BT, 1.0)
+    assert hit == 1024 and cache.reloaded_tokens == 1024 and added == 1024 + 176
+    assert cache.host_blocks == 0 and all(n.on_device for n in path)
+
+
+def test_reload_link_time_by_hand():
+    # One 3-block hit (1536 tokens) of Qwen3-14B from host over the H200's link, hidden layer-wise behind a
+    # longer prefill forward except the first layer's share.
+    load_s = 1536 * 163840 / 55e9  # tokens × KV bytes per token / H2D bytes per second
+    assert reload_forward_s(0.5, load_s, 40) == pytest.approx(0.5 + load_s / 40, rel=1e-12)
+    assert reload_forward_s(1e-3, load_s, 40) == pytest.approx(load_s * (1 + 1 / 40), rel=1e-12)
+
+
+def test_replica_charges_a_reload_in_the_prefill_forward():
+    # Two requests with the same 3-block prefix, far apart; a tiny pool makes the first one's prefix leave the
+    # device before the second arrives, so HiCache reloads it and plain SGLang recomputes it.
+    rows = [(0.0, 1600, 2, [1, 2, 3, 4]), (1.0, 1700, 2, [9]), (100.0, 1600, 2, [1, 2, 3, 5])]
+    df = pd.DataFrame(
+        {
+            "request_id": range(3),
+            "arrival_s": [r[0] for r in rows],
+            "prompt_tokens": [r[1] for r in rows],
+            "output_tokens": [r[2] for r in rows],
+            "hash_ids": [r[3] for r in rows],
+        }
+    )
+    df.attrs["hash_block_tokens"] = BT
+
+    scn = _colocated(3, "policies=sglang,sglang_hicache")
+    pool_tokens = 2000  # room for one request at a time
+    hw = scn.hardware
+    gib = (pool_tokens * scn.model.kv_bytes_per_token + scn.model.weight_bytes) / 2**30 + hw.reserve_gib
+    scn = _colocated(3, "policies=sglang,sglang_hicache", f"hardware.hbm_gib={gib}")
+    plain, hicache = (simulate_policy(scn, df, p).steps for p in ("sglang", "sglang_hicache"))
+    last = {k: s[s["phase"] == "prefill"].iloc[-1] for k, s in (("plain", plain), ("hicache", hicache))}
+    assert last["plain"]["prefill_tokens"] == 1600 and last["hicache"]["prefill_tokens"] == 1600 - 1536
+    pol = make_policy(scn, "sglang_hicache")
+    compute_s = pol.compute.prefill_s([(1600 - 1536, 1536)], 1)
+    load_s = 1536 * scn.model.kv_bytes_per_token / (hw.h2d_bandwidth_gbps * 1e9)
+    expected = max(compute_s, load_s) + load_s / scn.model.num_layers
+    assert last["hicache"]["duration_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_hicache_runs_on_agentic_sessions():
+    scn = load_scenario(
+        "agentic",
+        ["serving.prefill=colocated", "policies=sglang,sglang_hicache", "workload.sessions.max_sessions=3",
+         "run.progress=false", "run.debug_checks=true"],
+    )  # fmt: skip
+    res = simulate(scn).policies
+    assert res["sglang_hicache"].summary["unfinished"] == 0
+    assert res["sglang_hicache"].summary["prefix_hit_frac"] >= res["sglang"].summary["prefix_hit_frac"] > 0
