@@ -81,3 +81,37 @@ def test_shipped_scenario_loads(path):
     scenario = load_scenario(path)
     assert scenario.model.name in MODEL_CARDS
     assert scenario.hardware.name in HARDWARE_CARDS
+
+
+@pytest.mark.parametrize("name", HARDWARE_CARDS)
+def test_hardware_card_cites_sections_that_exist(name):
+    import re
+
+    sources = (scenarios_dir().parent / "docs" / "sources.md").read_text()
+    headings = set(re.findall(r"^#+ (\d+(?:\.\d+)?)\.? ", sources, flags=re.M))
+    text = (scenarios_dir() / "hardware" / f"{name}.yaml").read_text()
+    cited = set(re.findall(r"§(\d+(?:\.\d+)?)", text))
+    assert cited and cited <= headings, f"{name} cites {sorted(cited - headings)} missing from docs/sources.md"
+
+
+@pytest.mark.parametrize("name", HARDWARE_CARDS)
+def test_hardware_card_has_node_figures(name):
+    card = HardwareSpec.model_validate(load_card("hardware", name))
+    # A card either runs tensor parallelism (a GPU-to-GPU link) or says its node holds one GPU.
+    assert card.nvlink_bandwidth_gbps is not None or card.gpus_per_node == 1
+    assert card.host_dram_gbps_per_socket is not None
+
+
+@pytest.mark.parametrize("name", HARDWARE_CARDS)
+def test_every_card_serves_qwen3_14b(name):
+    from sim.run import simulate
+
+    overrides = [f"hardware={name}", "workload.max_requests=4", "policies=sglang,pulseinfer", "run.progress=false"]
+    result = simulate(load_scenario("default", overrides))
+    assert all(r.summary["finished"] == 4 for r in result.policies.values())
+
+
+def test_gh200_host_link_is_several_times_pcie_gen5():
+    gh200 = HardwareSpec.model_validate(load_card("hardware", "gh200"))
+    h200 = HardwareSpec.model_validate(load_card("hardware", "h200"))
+    assert gh200.h2d_bandwidth_gbps > 5 * h200.h2d_bandwidth_gbps

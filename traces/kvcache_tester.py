@@ -71,6 +71,7 @@ def read_kvcache_tester(path: str | Path) -> pd.DataFrame:
         "agent_id": pd.Series([r[6] for r in rows], dtype=object),
     }
     attrs = {
+        "hash_block_tokens": 64,  # tokens per hash_ids block (module docstring)
         "source": str(root),
         "format": "kvcache_tester",
         "clock": "per_session",

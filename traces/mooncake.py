@@ -6,7 +6,9 @@ Format: one JSON object per line, e.g.
 - `timestamp`: number >= 0, milliseconds since the trace start (quantised to ~3 s steps in the Kimi traces),
 - `input_length`: integer >= 1, prompt tokens,
 - `output_length`: integer >= 0, output tokens,
-- `hash_ids` (optional): list of int, remapped prefix-block hashes (512 tokens per block in Mooncake).
+- `hash_ids` (optional): list of int, remapped prefix-block hashes (512 tokens per block in Mooncake), kept
+  as the `hash_ids` column; `df.attrs["hash_block_tokens"]` = 512 says how many tokens each id covers (the
+  simulator's prefix cache, sim/serving/prefix.py, reads it).
 
 Other keys are ignored. Blank lines are skipped and counted. Every other malformed line raises `TraceError`
 naming the file, the 1-based line number and the field; no row is dropped or repaired silently.
@@ -27,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from traces.schema import REQUEST_COLUMNS, TraceError
+
+HASH_BLOCK_TOKENS = 512  # tokens per hash block in Mooncake's traces (FAST'25 release README)
 
 _MS_PER_S = 1000.0
 _MAX_SHOWN_CHARS = 60  # longest repr of an offending value quoted in an error message
@@ -160,4 +164,5 @@ def _build_frame(
     df.attrs["source"] = source
     df.attrs["num_blank_lines"] = num_blank_lines
     df.attrs["num_resorted"] = num_resorted
+    df.attrs["hash_block_tokens"] = HASH_BLOCK_TOKENS
     return df

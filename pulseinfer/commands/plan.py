@@ -174,6 +174,7 @@ def format_plan(table) -> str:
     if table["target_rate_per_s"].notna().any():
         shown["router"] = table["router"]
         shown["replicas"] = table["replicas_for_target"].map(lambda n: "-" if n is None or n != n else int(n))
+        shown["GPUs"] = table["gpus_for_target"].map(lambda n: "-" if n is None or n != n else int(n))
         shown["meets"] = table["meets_slo"]
         shown["fleet TPOT p99 ms"] = (table["cluster_tpot_p99_s"].astype(float) * 1e3).round(1)
         shown["fleet TTFT p99 s"] = table["cluster_ttft_p99_s"].astype(float).round(2)

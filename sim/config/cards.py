@@ -153,6 +153,15 @@ class HardwareSpec(Spec):
     # False where recall copies run on the thread that computes (the CPU engine: the "device" is host memory
     # and every copy is synchronous), so a layer's recall adds to its time instead of overlapping compute.
     io_overlaps_compute: bool = True
+    # Multi-GPU node (tensor parallelism, sim/config/parallel.py): GPU↔GPU link per direction and per-step
+    # latency of a ring all-reduce; None on a card that cannot run tp_size > 1.
+    nvlink_bandwidth_gbps: PositiveFloat | None = None
+    nvlink_latency_us: Annotated[float, Field(ge=0)] = 1.0
+    gpus_per_node: PositiveInt = 8
+    gpus_per_pcie_switch: PositiveInt = 1  # GPUs sharing one host uplink of h2d_bandwidth_gbps
+    gpus_per_socket: PositiveInt = 4  # GPUs whose host gather reads one CPU socket's DRAM
+    host_dram_gbps_per_socket: PositiveFloat | None = None  # None: gather never limited by DRAM bandwidth
+    reserve_per_tp_gib: Annotated[float, Field(ge=0)] = 0.5  # SGLang: reserve grows by tp/2 GB (§5.1)
 
     @model_validator(mode="after")
     def _check_table(self) -> HardwareSpec:

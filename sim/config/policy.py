@@ -23,6 +23,22 @@ class DensePolicy(Spec):
     new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
     new_token_ratio_decay_steps: PositiveInt = 600
     clip_max_new_tokens: PositiveInt = 4096
+    # Radix prefix cache over the trace's hash_ids (sim/serving/prefix.py): shared prompt prefixes held once;
+    # on in the sglang preset, as SGLang's radix cache is on by default (docs/sources.md §5.6).
+    prefix_cache: bool = False
+    hicache: bool = False  # keep evicted prefix KV in host DRAM and reload it on a hit (needs prefix_cache)
+    # SGLang's scheduler rules (docs/design.md §10, docs/sources.md §5.7). ``decode_scheduler``: with
+    # disaggregated prefill, ``sglang_pd`` admits to the decode batch by SGLang's decode-side budget
+    # (sim/serving/decode_admission.py), ``prefill_adder`` by the colocated PrefillAdder reservation.
+    decode_scheduler: Literal["prefill_adder", "sglang_pd"] = "prefill_adder"
+    num_reserved_decode_tokens: Annotated[int, Field(ge=0)] = 512  # SGLang --num-reserved-decode-tokens
+    # What a preempted (retracted) request costs: ``recompute`` (KV freed, prefilled again) or, in a
+    # disaggregated deployment, ``swap`` (KV copied to host and loaded back, as SGLang's decode side does).
+    retract: Literal["recompute", "swap"] = "recompute"
+    # new_token_ratio after a preemption: ``reset`` to the initial value, or SGLang's ``estimate``:
+    # min(1, (Σ generated + retract_decode_steps · n) / (Σ max_new_tokens + 1)) over the surviving batch.
+    retract_ratio: Literal["reset", "estimate"] = "reset"
+    retract_decode_steps: PositiveInt = 20  # SGLANG_RETRACT_DECODE_STEPS
 
     @model_validator(mode="after")
     def _check_ratio(self) -> DensePolicy:
@@ -85,6 +101,8 @@ class OffloadPolicy(DensePolicy):
 
     @model_validator(mode="after")
     def _check_blocks(self) -> OffloadPolicy:
+        if self.prefix_cache:
+            raise ValueError("prefix_cache is modelled for dense policies only (kind: dense); set it false")
         if self.micro_batches > 1 and self.scheduling != "interruptible":
             raise ValueError("micro_batches > 1 needs scheduling: interruptible")
         if self.selection == "all":

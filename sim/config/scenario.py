@@ -10,6 +10,7 @@ from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
 from sim.config.measured import Profile, RecallStatsSpec
+from sim.config.parallel import shard_error
 from sim.config.policy import PolicySpec
 from sim.config.workload import WorkloadSpec
 
@@ -31,10 +32,14 @@ class ServingSpec(Spec):
     assumption: KV transfer from the prefill GPU is hidden (layer-wise RDMA) and costs no time.
     ``none``: requests arrive with their prompt's KV already cached and their first token sampled (prefill
     is not simulated) — decode alone, as `pulseinfer validate` runs the engine on pre-filled caches.
+
+    ``tp_size``: GPUs per replica (tensor parallelism, sim/config/parallel.py); every decode and prefill GPU
+    figure (KV pool, step time, link) is per GPU of the group, request and throughput figures per replica.
     """
 
     prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
-    num_prefill_gpus: PositiveInt = 4
+    num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
+    tp_size: Literal[1, 2, 4, 8] = 1
 
 
 class RunSpec(Spec):
@@ -71,6 +76,7 @@ class Scenario(Spec):
         missing = [p for p in self.policies if p not in self.policy]
         if missing:
             raise ValueError(f"policies: {missing} have no entry under policy")
+        self._check_tp()
         problems = geometry_problems(self.model, self.hardware, {p: self.policy[p] for p in self.policies})
         if problems:
             raise ValueError(problems[0])
@@ -94,3 +100,24 @@ class Scenario(Spec):
                 f"profile's) or a profile calibrated with --model {self.model.name}"
             )
         return self
+
+    def _check_tp(self) -> None:
+        """``serving.tp_size`` > 1 needs a splittable model, a card with NVLink and room in one node."""
+        tp, hw = self.serving.tp_size, self.hardware
+        if tp == 1:
+            return
+        reason = shard_error(self.model, tp)
+        if reason:
+            raise ValueError(f"serving.tp_size: {reason}")
+        if hw.nvlink_bandwidth_gbps is None:
+            raise ValueError(
+                f"serving.tp_size: {tp} needs hardware.nvlink_bandwidth_gbps (card {hw.name} has none); "
+                f"set it or use tp_size 1"
+            )
+        if tp > hw.gpus_per_node:
+            raise ValueError(f"serving.tp_size ({tp}) must be <= hardware.gpus_per_node ({hw.gpus_per_node})")
+        if self.profile is not None and self.profile.compute is not None:
+            raise ValueError(
+                f"serving.tp_size: {tp} cannot use profile.compute (a calibration of one GPU at TP 1); "
+                f"drop the profile's compute or use tp_size 1"
+            )

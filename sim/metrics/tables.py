@@ -13,6 +13,14 @@ Definitions :
   recalls / decode time;
 * ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes);
 * ``recall_miss_frac`` = fragments recalled / fragments selected over all decode steps (1 for full offload);
+* ``prefix_hit_frac`` = prompt tokens served from the prefix cache at first admission / prompt tokens of
+  every request (sim/serving/prefix.py; 0 without a cache);
+* client view (SGLang ``bench_serving``: TTFT = first streamed token − send, TPOT = (latency − TTFT) /
+  (output − 1)): ``ttft_client_s`` = the request's first join of the decode batch − arrival (in a
+  PD-disaggregated deployment the decode side streams the first token when it admits the request, so the
+  wait for a decode slot is TTFT); ``tpot_client_s`` = (e2e − ttft_client) / (output − 1);
+  ``decode_queue_wait_s`` = decode admission − first token sampled by prefill (0 when colocated). The
+  ``ttft_s``/``tpot_s`` columns keep the engine-side definition (first token sampled by prefill);
 * ``recall_gb_per_step`` = mean H2D recall bytes per decode step / 1e9; ``fragments_per_step`` = mean
   recalled fragments per decode step; ``link_gbps_achieved`` = recall bytes / H2D busy time (what the
   link delivered while busy: near peak for coalesced recalls, far below for small fragments).
@@ -35,12 +43,15 @@ STEP_COLUMNS = [
 REQUEST_COLUMNS = [
     "request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
     "output_tokens", "generated_tokens", "offloaded", "num_preemptions", "finished", "unfinished_reason",
+    "prefix_hit_tokens", "decode_admit_s", "ttft_client_s", "tpot_client_s", "decode_queue_wait_s",
 ]  # fmt: skip
 SUMMARY_COLUMNS = [
     "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
     "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
     "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s", "recall_gb_per_step",
     "fragments_per_step", "link_gbps_achieved", "recall_miss_frac", "gather_busy_frac", "d2h_busy_frac",
+    "prefix_hit_frac", "ttft_client_p50_s", "ttft_client_p99_s", "tpot_client_mean_s", "tpot_client_p99_s",
+    "decode_queue_wait_mean_s", "decode_queue_wait_p99_s",
 ]  # fmt: skip
 LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
 LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
@@ -87,10 +98,15 @@ def requests_table(reqs: list) -> pd.DataFrame:
         ttft = r.first_token_s - r.arrival_s
         e2e = r.finish_s - r.arrival_s if done else np.nan
         tpot = (e2e - ttft) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
+        # Client view: a request that never joined a decode batch (one output token) streams at first token.
+        admit = r.first_token_s if np.isnan(r.decode_admit_s) else r.decode_admit_s
+        ttft_client = admit - r.arrival_s
+        tpot_client = (e2e - ttft_client) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
         rows.append(
             (
                 r.request_id, r.arrival_s, r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prompt_tokens,
                 r.output_tokens, r.generated, r.offloaded, r.num_preemptions, done, r.unfinished_reason,
+                max(r.prefix_hit_tokens, 0), r.decode_admit_s, ttft_client, tpot_client, admit - r.first_token_s,
             )
         )  # fmt: skip
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
@@ -166,6 +182,23 @@ def summarize(
         "recall_miss_frac": _ratio(decode["num_fragments"].sum(), decode["selected_fragments"].sum()),
         "gather_busy_frac": rec.gather_busy_s / duration,
         "d2h_busy_frac": rec.d2h_busy_s / duration,
+        **_client_view(requests, done, pct),
+    }
+
+
+def _client_view(requests: pd.DataFrame, done: pd.DataFrame, pct) -> dict:
+    """Prefix-cache hit fraction and the client-side TTFT/TPOT and decode-queue wait (module docstring)."""
+    prompt = float(requests["prompt_tokens"].sum())
+    tpot = done["tpot_client_s"].dropna()
+    wait = done["decode_queue_wait_s"].dropna()
+    return {
+        "prefix_hit_frac": float(requests["prefix_hit_tokens"].sum()) / prompt if prompt else 0.0,
+        "ttft_client_p50_s": pct(done["ttft_client_s"].dropna(), 50),
+        "ttft_client_p99_s": pct(done["ttft_client_s"].dropna(), 99),
+        "tpot_client_mean_s": float(tpot.mean()) if len(tpot) else np.nan,
+        "tpot_client_p99_s": pct(tpot, 99),
+        "decode_queue_wait_mean_s": float(wait.mean()) if len(wait) else np.nan,
+        "decode_queue_wait_p99_s": pct(wait, 99),
     }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config import DensePolicy, Scenario
+from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.serving.admission import Admission
+from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
 from sim.step.cost import StepCost
 
@@ -14,19 +16,23 @@ class Policy:
     """Base class: what every policy shares with SGLang-like continuous batching.
 
     Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and
-    :meth:`step_cost`.
+    :meth:`step_cost`. ``model`` and ``hardware`` are what one GPU of the replica holds and sees
+    (``serving.tp_size``, sim/config/parallel.py): KV bytes, weights and link rates are per GPU.
     """
 
     def __init__(self, scenario: Scenario, name: str, params: DensePolicy) -> None:
         self.name = name
         self.params = params
         self.block_size = params.block_size
-        self.model = scenario.model
+        tp = scenario.serving.tp_size
+        self.model = shard_model(scenario.model, tp)  # one GPU's shard (the card itself at tp_size 1)
+        self.hardware = per_gpu_hardware(scenario.hardware, tp)
         profile = scenario.profile
-        self.compute = ComputeModel(scenario.model, scenario.hardware, profile.compute if profile else None)
+        self.compute = ComputeModel(self.model, self.hardware, profile.compute if profile else None, tp)
         tpot_ms = scenario.slo.tpot_ms
         self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
-        self.admission = Admission(self)  # who joins the batch; offload policies may own an IO-adaptive one
+        # who joins the batch; offload policies may own an IO-adaptive one
+        self.admission = DecodeAdmission(self) if params.decode_scheduler == "sglang_pd" else Admission(self)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         """Whether a request with this prompt runs offloaded (sparse recall)."""

@@ -51,8 +51,9 @@ class OffloadServing(Policy):
 
     def __init__(self, scenario: Scenario, name: str, params: OffloadPolicy) -> None:
         super().__init__(scenario, name, params)
-        self.link = LinkModel(scenario.hardware)
-        self.recall = RecallModel(scenario.model, params, scenario.recall_stats, self.link)
+        self.link = LinkModel(self.hardware)  # one GPU's link share (tp_size)
+        # recall per GPU of its own KV heads (self.model is one GPU's shard at tp_size > 1)
+        self.recall = RecallModel(self.model, params, scenario.recall_stats, self.link)
         bs = params.block_size
         self.window_blocks = -(-params.sink_tokens // bs) + -(-params.recent_tokens // bs) + 1
         self.full = params.selection == "all"
@@ -63,8 +64,8 @@ class OffloadServing(Policy):
         fixed = params.recall_cache_gib if self.shared_cache else None
         self.reserved_hbm_bytes = int(fixed * 2**30) if fixed is not None else 0
         self.sparse_tokens = params.sink_tokens + params.recent_tokens + params.budget_tokens
-        self.num_layers = scenario.model.num_layers
-        self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
+        self.num_layers = self.model.num_layers
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token
         self.interruptible = params.scheduling == "interruptible"
         # How the link model charges a layer's recall: gather-scatter streams in chunks when interruptible.
         self.link_io = "streamed" if params.io == "gather_scatter" and self.interruptible else params.io

@@ -68,9 +68,16 @@ class Admission:
         """After each decode step: decay ``new_token_ratio``; ``attended_tokens`` is what the step read per layer."""
         self.new_token_ratio = max(self.ratio_min, self.new_token_ratio - self.ratio_decay)
 
-    def on_preempt(self) -> None:
-        """After a preemption (SGLang resets the ratio to be conservative again)."""
-        self.new_token_ratio = self.ratio_init
+    def on_preempt(self, batch: DecodeBatch | None = None) -> None:
+        """After a preemption: ``retract_ratio: reset`` sets the ratio back to its initial value; ``estimate``
+        sets SGLang's re-estimate over the surviving ``batch`` (``retract_decode`` /
+        ``estimate_new_token_ratio_after_retract``): min(1, (Σ generated + steps · n) / (Σ output + 1))."""
+        p = self.policy.params
+        if p.retract_ratio == "estimate" and batch is not None and len(batch):
+            done = float(batch.generated.sum()) + p.retract_decode_steps * len(batch)
+            self.new_token_ratio = min(1.0, done / (float(batch.output.sum()) + 1.0))
+        else:
+            self.new_token_ratio = self.ratio_init
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         """Feedback from one decode step's timing (used by IO-adaptive admission)."""
@@ -119,12 +126,21 @@ class Admission:
         if reason:
             return reason
         target = req.prompt_tokens + req.generated if cached is None else cached
-        verdict = self._try(req, kv, batch, reserved, target, self.offload_possible(req, kv))
+        verdict = self._try(req, kv, batch, reserved, target, self.offload_possible(req, kv), cached)
         if verdict == WAIT_IO and self.dense_fallback(req, kv, batch, reserved):
-            verdict = self._try(req, kv, batch, reserved, target, False)
+            verdict = self._try(req, kv, batch, reserved, target, False, cached)
         return verdict
 
-    def _try(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, target: int, offloaded: bool) -> str:
+    def _try(
+        self,
+        req: Request,
+        kv: KvState,
+        batch: DecodeBatch,
+        reserved: float,
+        target: int,
+        offloaded: bool,
+        cached: int | None,
+    ) -> str:
         """Admit ``req`` dense or offloaded if memory (and, offloaded, the I/O bound) allows: blocks taken on OK."""
         pol = self.policy
         need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
@@ -132,14 +148,45 @@ class Admission:
         req.offloaded = offloaded
         if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
             return WAIT
+        cached_blocks, room = self._prefix_room(req, kv)  # blocks already held by cached prefix nodes
         # The reservation rounds up per block; never ask for more than the request can ever hold.
-        if min(need + self.future_blocks(req), worst) > kv.device.free - reserved:
+        if min(need + self.future_blocks(req), worst) - cached_blocks > room - reserved:
             return WAIT
         if offloaded and not self.io_allows(kv, batch, need + reserved):
             return WAIT_IO
+        hit = self._take_prefix(req, kv, need)
         kv.hold(req, need, host_need)
-        req.prefill_target, req.prefilled = target, 0
+        req.prefill_target = target
+        req.prefilled = hit if cached is None else 0  # colocated prefill skips the cached prefix
         return OK
+
+    def _prefix_room(self, req: Request, kv: KvState) -> tuple[int, int]:
+        """(blocks of ``req``'s prompt already cached, free blocks counting unreferenced cached ones).
+
+        Without a prefix cache (or hashes): (0, free blocks). Cached nodes ``req`` would lock stop being
+        evictable, so they are not counted as room (SGLang ``PrefillAdder``: available + evictable).
+        """
+        if kv.prefix is None or not req.hash_ids:
+            return 0, kv.device.free
+        path, _ = kv.prefix.match(req.hash_ids, req.prompt_tokens, req.hash_block_tokens)
+        held = sum(n.blocks for n in path if n.on_device)  # host-tier (HiCache) nodes need device room again
+        return held, kv.device.free + kv.prefix.evictable_blocks - kv.prefix.locked_evictable_blocks(path)
+
+    def _take_prefix(self, req: Request, kv: KvState, need: int) -> int:
+        """Lock ``req``'s prompt chain in the prefix cache (evicting LRU nodes for the new ones); hit tokens."""
+        if kv.prefix is None or not req.hash_ids:
+            if req.prefix_hit_tokens < 0:
+                req.prefix_hit_tokens = 0
+            return 0
+        path, hit, added = kv.prefix.acquire(req.hash_ids, req.prompt_tokens, req.hash_block_tokens, kv.clock())
+        shared = sum(n.blocks for n in path)
+        room_ok = kv.make_room(added + max(0, need - shared)) and kv.device.allocate(added)
+        assert room_ok, "prefix admission checked room it does not have"
+        req.prefix_path, req.shared_blocks = path, min(shared, need)
+        req.reload_tokens = kv.prefix.reloaded_tokens
+        if req.prefix_hit_tokens < 0:
+            req.prefix_hit_tokens = hit
+        return hit
 
     def io_allows(self, kv: KvState, batch: DecodeBatch, taken_blocks: float) -> bool:
         """Whether the link (and a shared recall cache) has room for one more offloaded request that would take

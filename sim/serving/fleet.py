@@ -25,7 +25,12 @@ from sim.serving.request import HORIZON, STUCK, Request
 def request_objects(workload: pd.DataFrame) -> list[Request]:
     """One :class:`Request` per workload row, in row (arrival) order."""
     cols = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
-    return [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in zip(*(workload[c] for c in cols))]
+    reqs = [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in zip(*(workload[c] for c in cols))]
+    block_tokens = int(workload.attrs.get("hash_block_tokens", 0))
+    if block_tokens and "hash_ids" in workload.columns:  # prefix-block hashes (sim/serving/prefix.py)
+        for req, ids in zip(reqs, workload["hash_ids"]):
+            req.hash_ids, req.hash_block_tokens = tuple(ids), block_tokens
+    return reqs
 
 
 class Fleet:

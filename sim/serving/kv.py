@@ -4,7 +4,8 @@ Only counts are kept here; which block holds what is the engine's business. Exha
 value (``allocate`` → False), never an exception: the scheduler decides whether to wait or preempt.
 
 Device pool size follows SGLang's rule (docs/sources.md §5.1): HBM − reserve − weights, in blocks of
-``block_size × kv_bytes_per_token`` bytes.
+``block_size × kv_bytes_per_token`` bytes. With tensor parallelism the model and card handed in are one GPU's
+(sim/config/parallel.py): weights / tp, KV heads / tp, reserve (c + tp/2) GB — the pool of each GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.config import GIB, HardwareSpec, ModelSpec
+from sim.serving.prefix import PrefixCache
 
 
 class CapacityError(ValueError):
@@ -57,7 +59,8 @@ def device_pool_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int
         raise CapacityError(
             f"model {model.name} does not fit on hardware {hardware.name}: weights "
             f"{model.weight_bytes / GIB:.1f} GiB + reserve {hardware.reserve_gib:.1f} GiB exceed "
-            f"hbm_gib {hardware.hbm_gib:.1f} GiB; pick a larger GPU or a smaller model/dtype"
+            f"hbm_gib {hardware.hbm_gib:.1f} GiB (per GPU); pick a larger GPU, a smaller model/dtype or a larger "
+            f"serving.tp_size"
         )
     return pool_bytes // block_bytes
 
@@ -71,14 +74,34 @@ class KvState:
         host_bytes: host DRAM for offloaded KV.
         block_bytes: bytes of one device block (block_size × KV bytes per token).
         fixed_hbm_bytes: weights + reserve (HBM that is never KV).
+        prefix: the radix prefix cache whose nodes hold device blocks (sim/serving/prefix.py), or None.
+
+    With a prefix cache, a request's device charge is its blocks minus ``shared_blocks`` (its chain's nodes,
+    held once by the cache); unreferenced nodes count as free space that :meth:`make_room` can evict.
     """
 
-    def __init__(self, device_blocks: int, host_bytes: int, block_bytes: int, fixed_hbm_bytes: int) -> None:
+    def __init__(
+        self, device_blocks: int, host_bytes: int, block_bytes: int, fixed_hbm_bytes: int, prefix=None
+    ) -> None:
         self.device = Pool(device_blocks)
         self.host = Pool(host_bytes)
         self.block_bytes = block_bytes
         self.fixed_hbm_bytes = fixed_hbm_bytes
         self.num_offloaded = 0  # offloaded requests holding KV
+        self.prefix: PrefixCache | None = prefix
+        self.clock = lambda: 0.0  # simulation time, for the prefix cache's LRU (the replica sets it)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Device blocks held only by unreferenced prefix-cache nodes (0 without a cache)."""
+        return self.prefix.evictable_blocks if self.prefix is not None else 0
+
+    def make_room(self, blocks: int) -> bool:
+        """Evict unreferenced prefix nodes (LRU) until ``blocks`` are free; whether they are."""
+        short = blocks - self.device.free
+        if short > 0 and self.prefix is not None:
+            self.device.release(self.prefix.evict(short))
+        return self.device.free >= blocks
 
     @property
     def hbm_used_bytes(self) -> int:
@@ -88,8 +111,9 @@ class KvState:
     def hold(self, req, blocks: int, host_bytes: int) -> None:
         """Give ``req`` (a ``sim.serving.request.Request``) ``blocks`` device blocks and, when it is offloaded,
         ``host_bytes`` of host DRAM. The caller has checked both fit."""
-        device_ok = self.device.allocate(blocks)
-        assert device_ok, f"hold of {blocks} blocks with {self.device.free} free"
+        own = blocks - req.shared_blocks  # the prefix chain's blocks are the cache's (0 without one)
+        device_ok = self.device.allocate(own)
+        assert device_ok, f"hold of {own} blocks with {self.device.free} free"
         if req.offloaded:
             host_ok = self.host.allocate(host_bytes)
             assert host_ok, f"hold of {host_bytes} host bytes with {self.host.free} free"
@@ -100,8 +124,11 @@ class KvState:
         """Give back what ``req`` holds (idempotent: a request holding nothing is left alone)."""
         if not req.holds_kv:  # e.g. a preempted request finishing in its remote re-prefill
             return
-        self.device.release(req.device_blocks)
+        self.device.release(req.device_blocks - req.shared_blocks)
         req.device_blocks, req.holds_kv = 0, False
+        if req.prefix_path is not None:
+            self.prefix.release(req.prefix_path, self.clock())
+            req.prefix_path, req.shared_blocks = None, 0
         if req.offloaded:
             self.host.release(req.host_bytes)
             self.num_offloaded -= 1

@@ -40,6 +40,7 @@ from sim.config import Scenario
 from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
 from sim.serving.kv import KvState, device_pool_blocks
+from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
 from sim.step.cost import StepCost
 from sim.step.timing import StepDevices, run_step
@@ -75,14 +76,24 @@ class Replica:
         self.env, self.scenario, self.policy, self.rng, self.rec = env, scenario, policy, rng, recorder
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
-        model, hw, block_size = scenario.model, scenario.hardware, policy.params.block_size
+        model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
+        self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
+        # SGLang's decode side of a PD deployment runs no radix cache by default (decode.py: ChunkCache unless
+        # --disaggregation-decode-enable-radix-cache): the prefix cache serves colocated prefill only.
+        on = policy.params.prefix_cache and not self.disaggregated
+        prefix = PrefixCache(block_size, policy.params.hicache) if on else None
+        self.swap = self.disaggregated and policy.params.retract == "swap"
+        self.swap_s = 0.0  # host↔device KV copies of retracted requests, charged before the next decode step
+        self.d2h_bps, self.h2d_bps = hw.d2h_bandwidth_gbps * 1e9, hw.h2d_bandwidth_gbps * 1e9
         block_bytes = block_size * model.kv_bytes_per_token
         self.kv = KvState(
             device_pool_blocks(model, hw, block_size) - -(-policy.reserved_hbm_bytes // block_bytes),
             hw.host_dram_bytes,
             block_bytes,
             model.weight_bytes + hw.reserve_bytes + policy.reserved_hbm_bytes,
+            prefix,
         )
+        self.kv.clock = lambda: env.now
         self.devices = StepDevices(env, scenario.run.layer_model == "events", hw)
         self.debug = scenario.run.debug_checks
         self.waiting: deque[Request] = deque()
@@ -93,7 +104,6 @@ class Replica:
         self.num_done = 0  # finished or rejected
         self.closed = False  # no more submissions will come
         self.submitted: list[Request] = []  # in submission order
-        self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
         self.prefill_free = scenario.serving.prefill == "none"
         self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
 
@@ -199,6 +209,11 @@ class Replica:
             return admitted
         for req in self._admitted(len(self.batch), lambda: True):
             req.prefilled = req.prefill_target
+            if req.swapped:  # load its KV back from host (SGLang decode resume_retracted_reqs → load_kv_cache)
+                self.swap_s += req.prefill_target * self.policy.model.kv_bytes_per_token / self.h2d_bps
+                req.swapped = False
+            if math.isnan(req.decode_admit_s):  # the client's first token streams from here (PD)
+                req.decode_admit_s = self.env.now
             admitted.append(req)
         return admitted
 
@@ -218,10 +233,10 @@ class Replica:
         if not self.waiting or budget <= 0:
             return chunks
         for req in self._admitted(len(self.batch) + len(chunks), lambda: budget > 0):  # noqa: B023
-            take = min(req.prefill_target, budget)
+            take = min(req.prefill_target - req.prefilled, budget)  # prefilled: prefix-cache hit tokens
             chunks.append((req, take))
             budget -= take
-            if take < req.prefill_target:
+            if req.prefilled + take < req.prefill_target:
                 self.chunked = req
                 break
         return chunks
@@ -230,6 +245,12 @@ class Replica:
         start = self.env.now
         done = [r for r, take in chunks if r.prefilled + take >= r.prefill_target]
         duration = self.policy.compute.prefill_s([(take, r.prefilled) for r, take in chunks], len(done))
+        reload_tokens = sum(r.reload_tokens for r, _ in chunks)
+        if reload_tokens:  # HiCache: host-tier prefix KV loads back layer-wise during this forward
+            load_s = reload_tokens * self.policy.model.kv_bytes_per_token / self.h2d_bps
+            duration = reload_forward_s(duration, load_s, self.policy.model.num_layers)
+            for r, _ in chunks:
+                r.reload_tokens = 0
         yield from self.devices.run_forward(duration)
         for r, take in chunks:
             r.prefilled += take
@@ -244,6 +265,8 @@ class Replica:
                 self._finish(r)
             else:
                 joining.append(r)
+                if math.isnan(r.decode_admit_s):
+                    r.decode_admit_s = now
         self.batch.add(joining)
         tokens = sum(take for _, take in chunks)
         self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, None, 0.0, 0.0)
@@ -253,6 +276,9 @@ class Replica:
         env, b, pol, rec = self.env, self.batch, self.policy, self.rec
         start = env.now
         self._grow_or_preempt()
+        if self.swap_s > 0:  # retraction offloads and resume loads block the scheduler (synchronous copies)
+            swap_s, self.swap_s = self.swap_s, 0.0
+            yield from self.devices.run_forward(swap_s)
         if not len(b):
             return
         ctx = b.ctx + 1
@@ -296,8 +322,8 @@ class Replica:
         while len(b):
             new_blocks = pol.device_blocks(b.ctx + 1, b.offloaded)
             need = int((new_blocks - b.blocks).sum())
-            if self.kv.device.allocate(need):
-                b.blocks = new_blocks
+            if self.kv.device.allocate(need) or (self.kv.make_room(need) and self.kv.device.allocate(need)):
+                b.blocks = new_blocks  # (unreferenced prefix-cache nodes are evicted before anyone is preempted)
                 return
             # Preemption as SGLang retract_decode: fewest generated tokens first, then the longest prompt.
             victim = int(np.lexsort((-b.prompt, b.generated))[0])
@@ -306,11 +332,16 @@ class Replica:
             (req,) = b.remove(mask)
             self.kv.release(req)
             req.num_preemptions += 1
-            if self.disaggregated:
+            if self.swap:  # KV to host, back at the head of the queue (SGLang PD decode retraction)
+                ctx = req.prompt_tokens + req.generated - 1
+                self.swap_s += ctx * self.policy.model.kv_bytes_per_token / self.d2h_bps
+                req.swapped = True
+                self.waiting.appendleft(req)
+            elif self.disaggregated:
                 self._to_prefill(req)
             else:
                 self.waiting.appendleft(req)  # re-prefilled first
-            self.admission.on_preempt()
+            self.admission.on_preempt(b)
             self.rec.num_preemptions += 1
 
     # ---- bookkeeping -----------------------------------------------------------------------------
@@ -356,7 +387,9 @@ class Replica:
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""
         kv = self.kv
+        reqs = self.batch.reqs + ([self.chunked] if self.chunked else [])
         held = int(self.batch.blocks.sum()) + (self.chunked.device_blocks if self.chunked else 0)
+        held += (kv.prefix.cached_blocks if kv.prefix else 0) - sum(r.shared_blocks for r in reqs)
         assert held == kv.device.used, f"device blocks held {held} != pool used {kv.device.used}"
         assert hbm_bytes <= self.scenario.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"

@@ -38,6 +38,14 @@ class Request:
     unfinished_reason: str = ""
     holds_kv: bool = False  # admitted and holding device blocks / host bytes
     done: simpy.Event | None = None  # set by a closed-loop driver; fires when the request is done
+    hash_ids: tuple[int, ...] = ()  # the trace's prefix-block hashes (sim/serving/prefix.py)
+    hash_block_tokens: int = 0  # tokens per hash block (Mooncake 512); 0 = no hashes
+    prefix_path: list | None = None  # prefix-cache nodes this request locks (held once, shared)
+    shared_blocks: int = 0  # device blocks of ``prefix_path`` (charged to the prefix cache, not to the request)
+    prefix_hit_tokens: int = -1  # prompt tokens served from the prefix cache at first admission (-1: not yet)
+    decode_admit_s: float = NAN  # first time it joined the decode batch (the client's first token, PD)
+    reload_tokens: int = 0  # prefix tokens its next prefill loads back from the host tier (HiCache)
+    swapped: bool = False  # preempted with its KV kept in host memory (retract: swap), to be loaded back
 
     @property
     def total_tokens(self) -> int:

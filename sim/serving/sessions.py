@@ -84,6 +84,10 @@ class SessionDriver:
         for session_id, *row in rows:
             by_session[session_id].append(tuple(row))
         self.sessions = [by_session[s] for s in order]
+        # prefix-block hashes by request id, for the prefix cache (sim/serving/prefix.py)
+        self.block_tokens = int(workload.attrs.get("hash_block_tokens", 0))
+        has_ids = self.block_tokens and "hash_ids" in workload.columns
+        self.hash_ids = dict(zip(workload["request_id"].astype(int), workload["hash_ids"])) if has_ids else {}
         self.session_ids = list(order)
         if len(starts) != len(self.sessions):
             raise ValueError(f"starts has {len(starts)} times for {len(self.sessions)} sessions; expected one each")
@@ -118,6 +122,8 @@ class SessionDriver:
             if think_time_s > 0:
                 yield env.timeout(think_time_s)
             req = Request(request_id, env.now, prompt_tokens, output_tokens)
+            if request_id in self.hash_ids:
+                req.hash_ids, req.hash_block_tokens = tuple(self.hash_ids[request_id]), self.block_tokens
             req.done = env.event()
             self.issued.add(request_id)
             self.replica.submit(req)

@@ -20,6 +20,13 @@ Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
 Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors.
 
+Tensor parallelism (``serving.tp_size`` = n > 1): the model handed in is one GPU's shard
+(sim/config/parallel.py ``shard_model``: its weights, KV heads and FLOPs), so the formulas above give one
+GPU's time; each layer then adds two ring all-reduces (after attention and after the MLP) of the layer's
+activations, ``tokens · hidden_size · dtype_bytes`` bytes (``parallel.allreduce_s``: 2(n−1)/n · bytes /
+nvlink bandwidth + 2(n−1) · latency), not overlapped with compute (Model assumption). The vocabulary-parallel
+LM head's logit gather is not charged.
+
 Calibrated: with a profile's ``compute`` section (sim/config/measured.py ``ComputeProfile``, fitted by
 calibrate/fit.py from the engine's own decode steps) the decode layer and the LM head take the measured
 linear forms instead, and the per-step overhead is part of the measured head time. Prefill keeps the
@@ -29,19 +36,27 @@ roofline (the engine's decode is what is calibrated).
 from __future__ import annotations
 
 from sim.config import ComputeProfile, HardwareSpec, ModelSpec
+from sim.config.parallel import allreduce_s
 
 
 class ComputeModel:
-    """Decode-layer and prefill times in seconds for one model on one GPU.
+    """Decode-layer and prefill times in seconds for one model on one GPU (of a tensor-parallel group).
 
     Args:
-        model: the model card.
-        hardware: the GPU card (bandwidth, peak, efficiencies, per-step overhead).
+        model: the model card; with ``tp_size`` > 1, one GPU's shard (``sim.config.parallel.shard_model``).
+        hardware: the GPU card (bandwidth, peak, efficiencies, per-step overhead, NVLink for ``tp_size`` > 1).
         profile: measured decode compute for this model (replaces the decode roofline), or None.
+        tp_size: GPUs of the tensor-parallel group (adds the all-reduces when > 1).
     """
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, profile: ComputeProfile | None = None) -> None:
+    def __init__(
+        self, model: ModelSpec, hardware: HardwareSpec, profile: ComputeProfile | None = None, tp_size: int = 1
+    ) -> None:
         db = model.dtype_bytes
+        self.tp_size = tp_size
+        self.activation_bytes_per_token = model.hidden_size * db
+        self.nvlink_gbps = hardware.nvlink_bandwidth_gbps or 0.0
+        self.nvlink_latency_us = hardware.nvlink_latency_us
         self.num_layers = model.num_layers
         self.bandwidth_bps = hardware.hbm_bandwidth_gbps * 1e9 * hardware.hbm_efficiency
         self.flops_per_s = hardware.bf16_tflops * 1e12 * hardware.prefill_mfu
@@ -73,6 +88,13 @@ class ComputeModel:
         e, k = self.num_experts, self.num_active_experts
         return e * (1.0 - (1.0 - k / e) ** batch_size)
 
+    def allreduce_layer_s(self, tokens: int) -> float:
+        """The two all-reduces of one layer over ``tokens`` tokens' activations (0 at ``tp_size`` 1)."""
+        if self.tp_size == 1:
+            return 0.0
+        nbytes = tokens * self.activation_bytes_per_token
+        return 2.0 * allreduce_s(nbytes, self.tp_size, self.nvlink_gbps, self.nvlink_latency_us)
+
     def decode_layer_s(self, batch_size: int, attended_tokens: int) -> float:
         """One decoder layer of one decode step.
 
@@ -84,6 +106,12 @@ class ComputeModel:
         if self.profile is not None:
             base, per_request, per_token = self._layer
             return base + per_request * batch_size + per_token * attended_tokens
+        if self.tp_size > 1:
+            return self._roofline_layer_s(batch_size, attended_tokens) + self.allreduce_layer_s(batch_size)
+        return self._roofline_layer_s(batch_size, attended_tokens)
+
+    def _roofline_layer_s(self, batch_size: int, attended_tokens: int) -> float:
+        """One GPU's bandwidth/FLOP roofline of one decode layer."""
         nbytes = (
             self.shared_weight_bytes_layer
             + self.experts_touched(batch_size) * self.expert_bytes
@@ -111,4 +139,7 @@ class ComputeModel:
         attn = self.attn_flops_per_token * self.num_layers
         for new, cached in chunks:
             flops += per_token * new + attn * (new * cached + new * (new + 1) / 2)
-        return max(flops / self.flops_per_s, self.weight_bytes / self.bandwidth_bps)
+        time_s = max(flops / self.flops_per_s, self.weight_bytes / self.bandwidth_bps)
+        if self.tp_size > 1:
+            time_s += self.num_layers * self.allreduce_layer_s(sum(new for new, _ in chunks))
+        return time_s

@@ -42,6 +42,7 @@ from multiprocessing import get_context
 import pandas as pd
 
 from sim.config import load_scenario
+from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.metrics import unfinished_counts
 from sim.run import simulate_policy
 from sim.serving.cluster import ROUTERS, simulate_cluster
@@ -54,7 +55,7 @@ PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
     "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
     "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
-    "usd_per_million_output_tokens", "delivered_frac", "note",
+    "usd_per_million_output_tokens", "delivered_frac", "note", "tp_size", "gpus_for_target",
 ]  # fmt: skip
 
 # Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
@@ -280,7 +281,9 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
     for hardware in cfg.hardware:
         for policy in cfg.policies:
             scenario = CellPlanner(cfg, hardware, policy).scenario(cfg.max_requests, None)
-            device_pool_blocks(scenario.model, scenario.hardware, scenario.policy[policy].block_size)
+            tp = scenario.serving.tp_size
+            model, hw = shard_model(scenario.model, tp), per_gpu_hardware(scenario.hardware, tp)
+            device_pool_blocks(model, hw, scenario.policy[policy].block_size)
 
 
 def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> list[dict]:
@@ -295,6 +298,7 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
     found = bisect_max_rate(lambda r: cell.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
     at_max = cell.single(found.rate) if found.rate > 0 else {}
     price = cfg.gpu_hour_usd.get(hardware)
+    tp = cell.scenario(cfg.max_requests, None).serving.tp_size  # GPUs per replica: plan counts GPUs
     base = {
         "hardware": hardware,
         "policy": policy,
@@ -305,10 +309,11 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
         "target_rate_per_s": cfg.target_rate_per_s,
         "gpu_hour_usd": price,
         "delivered_frac": at_max.get("delivered_frac", math.nan),
+        "tp_size": tp,
     }
     single_note = sample_note(cell, found)
     if cfg.target_rate_per_s is None:
-        cost = _usd_per_million(price, 1, base["decode_tokens_per_s"])
+        cost = _usd_per_million(price, tp, base["decode_tokens_per_s"])
         row = {**base, "router": "", "meets_slo": found.rate > 0, "usd_per_million_output_tokens": cost}
         return _finish_rows([{**row, "note": single_note}], cell)
     rows = []
@@ -327,8 +332,9 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
             "cluster_tpot_p99_s": summary.get("tpot_p99_s", math.nan),
             "cluster_ttft_p99_s": summary.get("ttft_p99_s", math.nan),
             "cluster_decode_tokens_per_s": tokens_per_s,
-            "usd_per_million_output_tokens": _usd_per_million(price, n or 0, tokens_per_s),
+            "usd_per_million_output_tokens": _usd_per_million(price, (n or 0) * tp, tokens_per_s),
             "note": "; ".join(x for x in (single_note, fleet_note) if x),
+            "gpus_for_target": n * tp if n else None,
         }
         rows.append(row)
     return _finish_rows(rows, cell)

@@ -70,8 +70,9 @@ def test_decode_tokens_match_requests(result):
 def test_pulseinfer_beats_sglang_on_default_decode_throughput(default_result):
     s = default_result.summary.set_index("policy")
     assert s.loc["pulseinfer", "decode_tokens_per_s"] > s.loc["sglang", "decode_tokens_per_s"]
-    # ... because its batch is not capped by HBM: SGLang's KV pool is full, PulseInfer's is not.
-    assert s.loc["sglang", "peak_hbm_gib"] > 0.99 * default_result.scenario.hardware.hbm_gib
+    # ... because its batch is not capped by HBM: SGLang's KV pool is full (up to the 512 tokens per running
+    # request that its decode-side admission keeps free, ~1 % here), PulseInfer's is not.
+    assert s.loc["sglang", "peak_hbm_gib"] > 0.98 * default_result.scenario.hardware.hbm_gib
     assert s.loc["pulseinfer", "link_busy_frac"] > 0
 
 
