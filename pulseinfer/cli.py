@@ -36,6 +36,7 @@ COMMANDS = [
     "simulate",
     "search",
     "plan",
+    "sweep",
     "plot",
     "calibrate",
     "validate",
@@ -47,7 +48,18 @@ COMMANDS = [
 # top-level package → names of its exception classes that mean bad input (subclasses included)
 INPUT_ERRORS: dict[str, frozenset[str]] = {
     "pulseinfer": frozenset({"UsageError"}),
-    "sim": frozenset({"ScenarioError", "CapacityError", "SpaceError", "SearchError", "PlanError"}),
+    "sim": frozenset(
+        {
+            "ScenarioError",
+            "CapacityError",
+            "SpaceError",
+            "SearchError",
+            "PlanError",
+            "SweepError",
+            "ExecutorError",
+            "AccuracyError",
+        }
+    ),
     "traces": frozenset({"TraceError"}),
     "plots": frozenset({"MissingData"}),
     "engine": frozenset({"ModelNotInstalled"}),

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 import pandas as pd
 
@@ -35,6 +33,7 @@ from sim.config import ScenarioError, load_scenario
 from sim.run import policy_summary
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
+from sim.study.executors import run_tasks
 from sim.study.slo import TailSlo
 from sim.workload import load_workload
 
@@ -315,29 +314,30 @@ def run_plan(
     jobs: int = 1,
     on_sim: OnSim | None = None,
     on_cell: Callable[[str, str], None] | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> pd.DataFrame:
-    """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes.
+    """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes, ``backend="ray"``
+    as Ray tasks (:func:`sim.study.executors.run_tasks`).
 
     Args:
         on_sim: called after each simulation (serial runs only).
         on_cell: called with (hardware, policy) as each cell finishes.
 
     Raises:
-        ScenarioError, CapacityError: from the first cell that fails.
+        ScenarioError, CapacityError: from the first cell that fails. ExecutorError: a bad backend.
     """
     cells = [(h, p) for h in cfg.hardware for p in cfg.policies]
-    results: dict[tuple[str, str], list[dict]] = {}
-    if jobs <= 1 or len(cells) == 1:
+    if backend == "local" and (jobs <= 1 or len(cells) == 1):
+        results = []
         for h, p in cells:
-            results[h, p] = plan_cell(cfg, h, p, on_sim)
+            results.append(plan_cell(cfg, h, p, on_sim))
             if on_cell:
                 on_cell(h, p)
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if on_cell:
-                    on_cell(*futures[future])
-    rows = [row for cell in cells for row in results[cell]]
+        done = (lambda i, _rows: on_cell(*cells[i])) if on_cell else None
+        results = run_tasks(
+            plan_cell, [(cfg, h, p) for h, p in cells], backend, min(jobs, len(cells)), ray_address, done
+        )
+    rows = [row for cell_rows in results for row in cell_rows]
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
