@@ -125,13 +125,14 @@ def _config(args: argparse.Namespace):
     from sim.study.sweep import METRIC_COLUMNS, SweepConfig, SweepError, parse_grid
 
     scenario = args.scenario or DEFAULT_SCENARIO
-    base = load_scenario(scenario, args.overrides)
+    grids = tuple(parse_grid(g) for g in args.grid)
+    # The first value of each grid completes the scenario (a synthetic workload may need a swept key).
+    base = load_scenario(scenario, [*args.overrides, *(f"{k}={v[0]}" for k, v in grids)])
     tail, bounds = split_slo(args.slo)
     try:
         slo = parse_slo(tail) if tail else slo_from_scenario(base)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    grids = tuple(parse_grid(g) for g in args.grid)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip()) if args.policies else base.policies
     cfg = SweepConfig(
         scenario=str(scenario),

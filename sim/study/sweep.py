@@ -173,7 +173,8 @@ def resolve_points(cfg: SweepConfig) -> list[Point]:
         ScenarioError: a grid value or override the scenario rejects (the message names the key).
     """
     check_config(cfg)
-    base_seed = load_scenario(cfg.scenario, list(cfg.overrides)).seed
+    first = [f"{k}={v[0]}" for k, v in cfg.grids]  # a synthetic workload may need a swept key to load
+    base_seed = load_scenario(cfg.scenario, [*cfg.overrides, *first]).seed
     points = []
     for values in itertools.product(*(v for _, v in cfg.grids)):
         for policy in cfg.policies:
