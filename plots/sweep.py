@@ -19,6 +19,7 @@ from matplotlib.patches import Patch
 from plots.style import require_columns
 
 MAX_LOG2 = 3.0  # colours saturate at 8x either way
+LOSS_FRAC = 0.01  # a cell is hatched ("A loses") when A is more than 1 % below B
 
 
 def sweep_ratio_heatmap(
@@ -30,7 +31,8 @@ def sweep_ratio_heatmap(
     metric: str,
     panel_key: str | None = None,
 ) -> Figure:
-    """Cells coloured by log2(A / B) (green: A higher, red: A lower, hatched), the ratio written in each cell; a
+    """Cells coloured by log2(A / B) (green: A higher, red: A lower; hatched where A is more than :data:`LOSS_FRAC`
+    below B), the ratio written in each cell; a
     solid black edge where A starts or stops meeting the SLO (at least half of the seeds), a dashed blue one for B.
 
     Args:
@@ -68,7 +70,7 @@ def sweep_ratio_heatmap(
     handles = [
         Line2D([], [], color="black", linewidth=2.4, label=f"edge of {a}'s SLO region"),
         Line2D([], [], color="tab:blue", linewidth=1.6, linestyle="--", label=f"edge of {b}'s SLO region"),
-        Patch(facecolor="white", edgecolor="0.4", hatch="///", label=f"{a} lower than {b}"),
+        Patch(facecolor="white", edgecolor="0.4", hatch="///", label=f"{a} more than {LOSS_FRAC:.0%} below {b}"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
     return fig
@@ -85,7 +87,7 @@ def _cells(grid: pd.DataFrame, column: str, ys: list, xs: list) -> np.ndarray:
 
 
 def _draw_cells(ax, ratio: np.ndarray, norm: TwoSlopeNorm):
-    """Colour, hatch (ratio < 1) and label each cell; NaN cells stay grey."""
+    """Colour, hatch (ratio below 1 - LOSS_FRAC) and label each cell; NaN cells stay grey."""
     with np.errstate(divide="ignore", invalid="ignore"):
         log2 = np.clip(np.log2(ratio), -MAX_LOG2, MAX_LOG2)
     mesh = ax.pcolormesh(
@@ -97,7 +99,7 @@ def _draw_cells(ax, ratio: np.ndarray, norm: TwoSlopeNorm):
     )
     ax.set_facecolor("0.85")
     for (i, j), r in np.ndenumerate(ratio):
-        if r < 1:
+        if r < 1 - LOSS_FRAC:
             ax.add_patch(_hatch(j, i))
         ax.text(j, i, _ratio_text(r), ha="center", va="center", fontsize=8)
     ax.set_xlim(-0.5, ratio.shape[1] - 0.5)

@@ -1,4 +1,4 @@
-"""The sweep heatmap: one cell per grid point, hatched where A < B, SLO edges exactly where the met flags change."""
+"""The sweep heatmap: one cell per grid point, hatched where A loses to B, SLO edges where the met flags change."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from plots.style import MissingData
-from plots.sweep import sweep_ratio_heatmap
+from plots.sweep import LOSS_FRAC, sweep_ratio_heatmap
 
 matplotlib.use("Agg")
 
@@ -43,7 +43,7 @@ def test_cells_hatches_and_slo_edges():
     assert ax.get_xlabel() == "x" and ax.get_ylabel() == "y"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4K", "8K", "16K", "32K"]
     assert len(ax.texts) == len(compare)  # one ratio label per cell
-    assert len(ax.patches) == int((compare["ratio"] < 1).sum())  # hatched where A < B
+    assert len(ax.patches) == int((compare["ratio"] < 1 - LOSS_FRAC).sum())  # hatched where A loses to B
     grid = compare.pivot(index="y", columns="x")
     expected = _edges(grid["a_slo_met_frac"].to_numpy() >= 0.5) + _edges(grid["b_slo_met_frac"].to_numpy() >= 0.5)
     assert len(ax.get_lines()) == expected
