@@ -23,14 +23,18 @@ searched policy once with the scenario's seed. OUT receives trials.csv (one row 
 the best trial's knobs and all of its policies, the tuned one first (so it reproduces the trial), runnable
 as `pulseinfer simulate OUT/best.yaml`.
 
+Accuracy: --slo kl_nats=0.005 (or rel_l2, mass_pct, worst_head_pct, argmax_pct) bounds the accuracy
+interpolated from --accuracy (default scenarios/accuracy/smollm2-2k.csv) at the policy's selection and budget;
+a budget outside the measured ones fails the trial (never extrapolated). docs/search.md has the details.
+
 Resume: run the same command again; the study lives in --storage (default OUT/study.journal) and
 --trials is the total the study should reach, so an interrupted search continues where it stopped.
 
-Many machines, one study (PostgreSQL; `pip install psycopg2-binary` on each machine):
+Many machines, one study (PostgreSQL; `pip install -e '.[dev]'` brings the driver, psycopg, on each machine):
   createdb -h dbhost pulseinfer            # once
   # on every machine, same scenario, space, SLO and objective; a different --seed per machine:
   pulseinfer search default --space pulseinfer --trials 200 --jobs 8 --seed $MACHINE_ID \\
-      --storage postgresql://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
+      --storage postgresql+psycopg://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
 Every worker asks the database for its next trial, so trials are never duplicated or lost; workers
 stop once the study holds --trials finished trials (trials in flight on other machines may take it a
 few past). Each machine writes its OUT from the whole study; rerunning the command once the study is
