@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 
@@ -46,9 +49,21 @@ def test_sweep_writes_table_comparison_and_heatmap_then_reuses_the_cache(tmp_pat
         (["--grid", "workload.synthetic.rate_per_s=1,2", "--jobs", "0"], "--jobs"),
         (["--grid", "workload.synthetic.rate_per_s=1,2", "--ray-address", "auto"], "--ray-address"),
         (["--grid", "workload.synthetic.rate_per_s=1,-2"], "workload.synthetic.rate_per_s"),
+        (["--grid", "workload.synthetic.rate_per_s=1,2", "--slo", "kl_nats=0.01"], "not extrapolated"),
     ],
 )
 def test_bad_input_is_one_error_line(tmp_path, capsys, extra, flag):
     code = main(["sweep", "default", *SETS, "--policies", "sglang,pulseinfer", *extra, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and flag in err[0], err
+
+
+def test_the_local_backend_never_imports_ray(tmp_path):
+    code = (
+        "import sys; from pulseinfer.cli import main; "
+        f"rc = main(['sweep', 'default', *{SETS!r}, '--grid', 'workload.synthetic.rate_per_s=2', "
+        f"'--policies', 'sglang', '--out', {str(tmp_path)!r}, '--no-progress']); "
+        "print(rc, 'ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 False"

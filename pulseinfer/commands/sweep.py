@@ -92,12 +92,15 @@ def run(args: argparse.Namespace) -> int:
     with flag_names(FLAGS):
         check_backend(args.backend, args.jobs, args.ray_address)
         cfg, compare = _config(args)
-        num_points = len(resolve_points(cfg))
+        points = resolve_points(cfg)  # every point's scenario validated before anything runs or is written
+        if cfg.accuracy is not None:
+            cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
+        total = len(points)
         check_out_folder(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        with Bar(num_points, "sweep", "point", hidden=args.no_progress) as bar:
-            result = run_sweep(cfg, args.out, args.backend, args.jobs, args.ray_address, on_point=bar.reach)
+        with Bar(total, "sweep", "point", hidden=args.no_progress) as bar:
+            result = run_sweep(cfg, args.out, args.backend, args.jobs, args.ray_address, bar.reach, points)
         wall_s = time.perf_counter() - started
         outputs = {"sweep.csv": lambda path: result.table.to_csv(path, index=False)}
         if compare:
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             outputs[f"compare_{metric}.png"] = lambda path: _heatmap(cells, cfg.keys, a, b, metric, path)
     files = write_whole(args.out, outputs)
     print(
-        f"\nsweep: {num_points} points ({result.num_simulated} simulated, {result.num_cached} from the cache), "
+        f"\nsweep: {total} points ({result.num_simulated} simulated, {result.num_cached} from the cache), "
         f"backend {args.backend}, {args.jobs} job(s), {wall_s:.1f} s wall"
     )
     if compare:

@@ -202,11 +202,14 @@ class AccuracySlo:
         """With bounds set, every (scenario, policy) must be covered by the table.
 
         Raises:
-            AccuracyError: naming the first policy and budget outside the measured budgets.
+            AccuracyError (field ``slo``): naming the first policy and budget outside the measured budgets.
         """
         if self.bounds:
             for scenario, policy in points:
-                policy_accuracy(self.table, scenario, policy)
+                try:
+                    policy_accuracy(self.table, scenario, policy)
+                except AccuracyError as exc:
+                    raise AccuracyError(f"{self.describe()} cannot be checked: {exc}", "slo") from None
 
 
 def split_slo(text: str | None) -> tuple[str | None, dict[str, float]]:

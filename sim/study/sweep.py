@@ -239,17 +239,19 @@ def run_sweep(
     jobs: int = 1,
     ray_address: str | None = None,
     on_point: Callable[[int], None] | None = None,
+    points: list[Point] | None = None,
 ) -> SweepResult:
     """Simulate the points missing from ``out_dir/cache`` and tabulate all of them (nothing else is written).
 
     Args:
         on_point: called with the number of points done (cached ones first, then as groups finish).
+        points: :func:`resolve_points` of ``cfg`` when the caller already has them (they are not re-checked).
 
     Raises:
         SweepError, ScenarioError: see :func:`resolve_points`; ExecutorError: a bad backend or job count;
         AccuracyError: an accuracy bound on a point the accuracy table does not cover.
     """
-    points = resolve_points(cfg)
+    points = resolve_points(cfg) if points is None else points
     if cfg.accuracy is not None:
         cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
     cache = PointCache(out_dir / "cache")
@@ -261,11 +263,12 @@ def run_sweep(
     groups: dict[tuple, list[Point]] = {}
     for p in missing:
         groups.setdefault((p.values, p.seed), []).append(p)
-    tasks = [(tuple(p.scenario for p in g), tuple(p.policy for p in g)) for g in groups.values()]
+    group_points = list(groups.values())
+    tasks = [(tuple(p.scenario for p in g), tuple(p.policy for p in g)) for g in group_points]
     done = [num_cached]
 
     def store(index: int, group_records: list[dict]) -> None:
-        for p, record in zip(list(groups.values())[index], group_records):
+        for p, record in zip(group_points[index], group_records):
             cache.put(p.key, record)
             records[p.key] = record
         done[0] += len(group_records)
