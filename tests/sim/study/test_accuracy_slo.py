@@ -163,3 +163,12 @@ def test_cli_refuses_a_bad_accuracy_bound_in_one_line(tmp_path, capsys):
     code = main(["search", "default", "--space", "pulseinfer", "--slo", "kl_nats=-1", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --slo: kl_nats")
+
+
+def test_the_shipped_accuracy_space_stays_inside_the_measured_budgets():
+    from sim.study.space import check_space, load_space
+
+    space = load_space("pulseinfer-accuracy")
+    check_space(space, "default", [])
+    (budget,) = [p for p in space.params if p.key.endswith("budget_tokens")]
+    assert TABLE.budgets("solohead")[0] <= budget.low and budget.high <= TABLE.budgets("solohead")[-1]
