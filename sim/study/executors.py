@@ -14,7 +14,7 @@ Backends:
   installed (``pip install -e '.[ray]'``). A Ray already initialised by the caller (a test fixture, a notebook)
   is used as is and left running. Ray is an optional extra, imported only here and only for this backend.
 
-A task that raises re-raises its exception here (the first one in task order among those that failed first).
+A task that raises re-raises its exception here (the first failure to come back).
 """
 
 from __future__ import annotations
