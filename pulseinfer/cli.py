@@ -36,6 +36,7 @@ COMMANDS = [
     "simulate",
     "search",
     "plan",
+    "sweep",
     "plot",
     "calibrate",
     "validate",
@@ -48,7 +49,19 @@ COMMANDS = [
 # top-level package → names of its exception classes that mean bad input (subclasses included)
 INPUT_ERRORS: dict[str, frozenset[str]] = {
     "pulseinfer": frozenset({"UsageError"}),
-    "sim": frozenset({"ScenarioError", "CapacityError", "SpaceError", "SearchError", "PlanError", "CaseError"}),
+    "sim": frozenset(
+        {
+            "ScenarioError",
+            "CapacityError",
+            "SpaceError",
+            "SearchError",
+            "PlanError",
+            "CaseError",
+            "SweepError",
+            "ExecutorError",
+            "AccuracyError",
+        }
+    ),
     "traces": frozenset({"TraceError"}),
     "plots": frozenset({"MissingData"}),
     "engine": frozenset({"ModelNotInstalled"}),

@@ -20,6 +20,8 @@ FLAGS = {
     "rel_tol": "--rel-tol",
     "max_replicas": "--max-replicas",
     "jobs": "--jobs",
+    "backend": "--backend",
+    "ray_address": "--ray-address",
 }
 
 EPILOG = """\
@@ -68,6 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="price per GPU-hour, e.g. h100-sxm=2.5,h200=3.5: adds cost per million output tokens",
     )
     p.add_argument("--jobs", type=int, default=1, help="cells planned in parallel worker processes (default 1)")
+    p.add_argument(
+        "--backend", choices=["local", "ray"], default="local", help="where cells run (ray: pip install -e '.[ray]')"
+    )
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto); default: a local Ray")
     p.add_argument("--out", type=Path, required=True, help="results folder (receives plan.csv)")
     add_overrides(p, "workload.max_requests=800")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -75,11 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.study.executors import check_backend
     from sim.study.plan import check_plan, run_plan
 
     cfg = _config(args)
     with flag_names(FLAGS):
         check_plan(cfg, args.jobs)
+        check_backend(args.backend, args.jobs, args.ray_address)
     started = time.perf_counter()
     with (
         results_folder(args.out, command="plan") as stage,  # checks --out before planning; writes it whole
@@ -92,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{hardware}/{policy}: {what} {'ok' if met else 'miss'}"
             ),
             on_cell=lambda hardware, policy: bar.advance(),
+            backend=args.backend,
+            ray_address=args.ray_address,
         )
         table.to_csv(stage / "plan.csv", index=False)
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")

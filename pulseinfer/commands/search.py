@@ -12,7 +12,8 @@ from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
 from pulseinfer.progress import Bar
 
 # run_search argument or SearchConfig field → the flag that sets it (sim.study.search.SearchError names the field)
-FLAGS = {"total_trials": "--trials", "jobs": "--jobs", "study_name": "--study"}
+FLAGS = {"total_trials": "--trials", "jobs": "--jobs", "study_name": "--study", "accuracy": "--accuracy",
+         "slo": "--slo", "objective": "--objective"}  # fmt: skip
 
 EPILOG = """\
 The space file names dotted scenario keys with {low, high[, log, step]} or {choices: [...]}; the
@@ -22,14 +23,18 @@ searched policy once with the scenario's seed. OUT receives trials.csv (one row 
 the best trial's knobs and all of its policies, the tuned one first (so it reproduces the trial), runnable
 as `pulseinfer simulate OUT/best.yaml`.
 
+Accuracy: --slo kl_nats=0.005 (or rel_l2, mass_pct, worst_head_pct, argmax_pct) bounds the accuracy
+interpolated from --accuracy (default scenarios/accuracy/smollm2-2k.csv) at the policy's selection and budget;
+a budget outside the measured ones fails the trial (never extrapolated). docs/search.md has the details.
+
 Resume: run the same command again; the study lives in --storage (default OUT/study.journal) and
 --trials is the total the study should reach, so an interrupted search continues where it stopped.
 
-Many machines, one study (PostgreSQL; `pip install psycopg2-binary` on each machine):
+Many machines, one study (PostgreSQL; `pip install -e '.[dev]'` brings the driver, psycopg, on each machine):
   createdb -h dbhost pulseinfer            # once
   # on every machine, same scenario, space, SLO and objective; a different --seed per machine:
   pulseinfer search default --space pulseinfer --trials 200 --jobs 8 --seed $MACHINE_ID \\
-      --storage postgresql://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
+      --storage postgresql+psycopg://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
 Every worker asks the database for its next trial, so trials are never duplicated or lost; workers
 stop once the study holds --trials finished trials (trials in flight on other machines may take it a
 few past). Each machine writes its OUT from the whole study; rerunning the command once the study is
@@ -54,13 +59,23 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--slo",
         default=None,
         metavar="KEY=VALUE,...",
-        help="p99 targets over requests, e.g. tpot_p99_ms=50,ttft_p99_s=10 (default: the scenario's slo block)",
+        help="p99 targets over requests, e.g. tpot_p99_ms=50,ttft_p99_s=10 (default: the scenario's slo block), "
+        "and accuracy bounds read from --accuracy: kl_nats, rel_l2 (upper), mass_pct, worst_head_pct, argmax_pct "
+        "(lower), e.g. tpot_p99_ms=50,kl_nats=0.01",
     )
     p.add_argument(
         "--objective",
-        choices=["goodput", "throughput", "pareto"],
+        choices=["goodput", "throughput", "pareto", "pareto_kl"],
         default="goodput",
-        help="goodput (req/s meeting the SLO), throughput (decode tok/s), or pareto (tok/s up, TPOT p99 down)",
+        help="goodput (req/s meeting the SLO), throughput (decode tok/s), pareto (tok/s up, TPOT p99 down) or "
+        "pareto_kl (tok/s up, interpolated KL down)",
+    )
+    p.add_argument(
+        "--accuracy",
+        type=Path,
+        default=None,
+        help="accuracy.csv of `pulseinfer accuracy` (default with accuracy bounds or pareto_kl: the shipped SmolLM2 "
+        "2K table); adds the interpolated accuracy to trials.csv",
     )
     p.add_argument("--trials", type=int, default=40, help="finished trials the study should hold (default 40)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
@@ -98,14 +113,19 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     """Validate every input (scenario, SLO, space, storage) before any trial runs."""
     from sim.config.loader import DEFAULT_SCENARIO, load_scenario
+    from sim.study.accuracy import AccuracySlo, load_accuracy_table, split_slo
     from sim.study.search import SearchConfig, open_storage
     from sim.study.slo import parse_slo, slo_from_scenario
     from sim.study.space import check_space, load_space
 
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)
+    tail, bounds = split_slo(args.slo)
     with usage_errors():  # parse_slo's messages name --slo
-        slo = parse_slo(args.slo) if args.slo is not None else slo_from_scenario(base)
+        slo = parse_slo(tail) if tail is not None else slo_from_scenario(base)
+    accuracy = None
+    if bounds or args.accuracy is not None or args.objective == "pareto_kl":
+        accuracy = AccuracySlo(load_accuracy_table(args.accuracy), bounds)
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
     check_out_folder(args.out, update=True)  # the study journal in OUT resumes: checked for writing, kept
@@ -125,6 +145,7 @@ def _config(args: argparse.Namespace):
         objective=args.objective,
         overrides=tuple(args.overrides),
         seed=args.seed,
+        accuracy=accuracy,
     )
 
 
@@ -134,9 +155,10 @@ def _print_report(cfg, result, wall_s: float) -> None:
     trials = result.trials
     states = trials["state"].value_counts().to_dict()
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()))
+    accuracy = f" and accuracy {cfg.accuracy.describe()}" if cfg.accuracy and cfg.accuracy.bounds else ""
     print(
         f"\nstudy {cfg.study_name}: {len(trials)} trials ({counts}); {int(trials['feasible'].sum())} meet "
-        f"the SLO {cfg.slo.describe()}; objective {cfg.objective}; {wall_s:.0f} s wall"
+        f"the SLO {cfg.slo.describe()}{accuracy}; objective {cfg.objective}; {wall_s:.0f} s wall"
     )
     keys = [p.key for p in cfg.space.params]
     if result.best is not None:
@@ -149,7 +171,8 @@ def _print_report(cfg, result, wall_s: float) -> None:
         top = feasible.sort_values([col, "trial"], ascending=[False, True]).head(5)
         print(f"\ntop {len(top)} of {len(feasible)} trials meeting the SLO, by {col}:")
         print(_table(top, keys))
-    print(f"\nPareto front (decode tok/s vs TPOT p99, feasible trials): {len(result.pareto)} trials")
+    lower = "interpolated KL" if cfg.objective == "pareto_kl" else "TPOT p99"
+    print(f"\nPareto front (decode tok/s vs {lower}, feasible trials): {len(result.pareto)} trials")
     if len(result.pareto):
         print(_table(result.pareto, keys))
     print(f"\nwrote {', '.join(str(f) for f in result.files)}")
@@ -162,6 +185,9 @@ def _table(rows, keys: list[str]) -> str:
     shown["goodput/s"] = rows["goodput_requests_per_s"].astype(float).round(3)
     shown["TPOT p99 ms"] = (rows["tpot_p99_s"].astype(float) * 1e3).round(1)
     shown["TTFT p99 s"] = rows["ttft_p99_s"].astype(float).round(2)
+    if "kl_nats" in rows.columns:
+        shown["KL nats"] = rows["kl_nats"].astype(float).round(4)
+        shown["mass %"] = rows["mass_pct"].astype(float).round(2)
     for key in keys:
         shown[key.rsplit(".", 1)[-1]] = rows[key].map(lambda v: f"{v:.3g}" if isinstance(v, float) else v)
     return shown.to_string(index=False)

@@ -35,9 +35,7 @@ from __future__ import annotations
 import math
 import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 import pandas as pd
 
@@ -47,6 +45,7 @@ from sim.metrics import unfinished_counts
 from sim.run import simulate_policy
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
+from sim.study.executors import run_tasks
 from sim.study.slo import TailSlo
 from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_frac, sample_note, steady_problem
 from sim.workload import load_workload
@@ -357,26 +356,35 @@ def run_plan(
     jobs: int = 1,
     on_sim: OnSim | None = None,
     on_cell: Callable[[str, str], None] | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> pd.DataFrame:
-    """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes.
+    """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes, ``backend="ray"``
+    as Ray tasks (:func:`sim.study.executors.run_tasks`).
 
     Args:
         on_sim: called after each simulation (serial runs only).
         on_cell: called with (hardware, policy) as each cell finishes.
 
     Raises:
-        ScenarioError, CapacityError: from the first cell that fails.
+        ScenarioError, CapacityError: from the first cell that fails. ExecutorError: a bad backend.
     """
     cells = [(h, p) for h in cfg.hardware for p in cfg.policies]
-    results: dict[tuple[str, str], list[dict]] = {}
-    if jobs <= 1 or len(cells) == 1:
+    if backend == "local" and (jobs <= 1 or len(cells) == 1):
+        results = []
         for h, p in cells:
-            results[h, p] = plan_cell(cfg, h, p, on_sim)
+            results.append(plan_cell(cfg, h, p, on_sim))
             if on_cell:
                 on_cell(h, p)
+    elif backend == "local":
+        by_cell = _run_cells_in_processes(cfg, cells, jobs, on_cell)  # workers stop cleanly on Ctrl-C
+        results = [by_cell[cell] for cell in cells]
     else:
-        results = _run_cells_in_processes(cfg, cells, jobs, on_cell)
-    rows = [row for cell in cells for row in results[cell]]
+        done = (lambda i, _rows: on_cell(*cells[i])) if on_cell else None
+        results = run_tasks(
+            plan_cell, [(cfg, h, p) for h, p in cells], backend, min(jobs, len(cells)), ray_address, done
+        )
+    rows = [row for cell_rows in results for row in cell_rows]
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 

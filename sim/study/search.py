@@ -11,9 +11,12 @@ Lifecycle of ``run_search(cfg, total_trials, jobs)``:
 3. A trial draws the space's parameters, applies them as ``--set`` items, simulates the searched policy
    once with the scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric
    as a user attribute. Objective: ``goodput`` (requests/s meeting the per-request SLO), ``throughput``
-   (decode tokens/s), or ``pareto`` (maximise decode tokens/s, minimise TPOT p99). Constraints:
-   :meth:`sim.study.slo.TailSlo.violations` (<= 0 is feasible). A parameter combination the scenario rejects
-   fails the trial (state ``FAIL``, ``error`` column) and the sampler moves on.
+   (decode tokens/s), ``pareto`` (maximise decode tokens/s, minimise TPOT p99) or ``pareto_kl`` (maximise decode
+   tokens/s, minimise the KL interpolated from the accuracy table). Constraints:
+   :meth:`sim.study.slo.TailSlo.violations` and, with an accuracy table, :meth:`AccuracySlo.violations` (<= 0 is
+   feasible; ``sim/study/accuracy.py``: the policy's selection and budget read the measured table, a budget
+   outside it fails the trial when accuracy is bounded, since nothing is extrapolated). A parameter combination
+   the scenario rejects fails the trial (state ``FAIL``, ``error`` column) and the sampler moves on.
 4. :func:`sim.study.search_results.collect_results` turns the study into ``trials.csv`` (one row per
    trial), ``pareto.csv`` (feasible trials not dominated in (decode tokens/s up, TPOT p99 down)) and ``best.yaml``.
 
@@ -41,6 +44,8 @@ from sim.config import ScenarioError, load_scenario
 from sim.metrics import SUMMARY_COLUMNS
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError
+from sim.study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
+from sim.study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
 from sim.study.slo import TailSlo
 from sim.study.space import SearchSpace, override
 from sim.workload import load_workload
@@ -50,6 +55,7 @@ OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     "goodput": (("goodput_requests_per_s", "maximize"),),
     "throughput": (("decode_tokens_per_s", "maximize"),),
     "pareto": (("decode_tokens_per_s", "maximize"), ("tpot_p99_s", "minimize")),
+    "pareto_kl": (("decode_tokens_per_s", "maximize"), ("kl_nats", "minimize")),
 }
 METRIC_COLUMNS = [c for c in SUMMARY_COLUMNS if c != "policy"] + ["rejected", "incomplete"]
 FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
@@ -90,6 +96,17 @@ class SearchConfig:
     objective: str = "goodput"
     overrides: tuple[str, ...] = ()  # the user's --set items
     seed: int = 0  # sampler seed; trials always simulate with the scenario's own seed
+    accuracy: AccuracySlo | None = None  # accuracy table and bounds (sim/study/accuracy.py); None: not used
+
+    @property
+    def metric_columns(self) -> list[str]:
+        """Metrics recorded per trial: the summary's, plus the interpolated accuracy with a table."""
+        return METRIC_COLUMNS + (list(ACCURACY_OUTPUTS) if self.accuracy is not None else [])
+
+    @property
+    def accuracy_required(self) -> bool:
+        """Accuracy bounds or a KL objective: a trial the table does not cover fails (nothing is extrapolated)."""
+        return self.accuracy is not None and (bool(self.accuracy.bounds) or self.objective == "pareto_kl")
 
     def base_overrides(self) -> list[str]:
         """User overrides, then the SLO's (goodput uses the same bounds)."""
@@ -115,13 +132,24 @@ class SimulationEvaluator:
             scenario = load_scenario(self.cfg.scenario, self.cfg.trial_overrides(params))
         except ScenarioError as exc:
             raise InvalidTrial(str(exc)) from None
+        policy, accuracy = self.cfg.space.policy, {}
+        if self.cfg.accuracy is not None:
+            try:  # before simulating: a budget the table does not cover fails at once when accuracy is bounded
+                accuracy = (
+                    policy_accuracy(self.cfg.accuracy.table, scenario, policy)
+                    if self.cfg.accuracy_required
+                    else accuracy_columns(self.cfg.accuracy.table, scenario, policy)
+                )
+            except AccuracyError as exc:
+                raise InvalidTrial(str(exc)) from None
         key = f"{scenario.seed}:{scenario.workload.model_dump_json()}"
         if key not in self._workloads:
             self._workloads[key] = load_workload(scenario)
         try:
-            return policy_summary(scenario, self._workloads[key], self.cfg.space.policy)
+            summary = policy_summary(scenario, self._workloads[key], policy)
         except CapacityError as exc:
             raise InvalidTrial(str(exc)) from None
+        return {**summary, **{k: accuracy[k] for k in ACCURACY_OUTPUTS if k in accuracy}}
 
 
 def open_storage(storage: str) -> optuna.storages.BaseStorage:
@@ -142,7 +170,15 @@ def study_settings(cfg: SearchConfig) -> dict[str, str]:
     """What a resumed study must share: objective, space, SLO and a hash of the resolved base scenario."""
     scenario = load_scenario(cfg.scenario, [*cfg.base_overrides(), f"policies={cfg.space.policy}"])
     digest = hashlib.sha256(scenario.model_dump_json().encode()).hexdigest()[:16]
-    return {"objective": cfg.objective, "space": cfg.space.signature(), "slo": cfg.slo.describe(), "scenario": digest}
+    settings = {
+        "objective": cfg.objective,
+        "space": cfg.space.signature(),
+        "slo": cfg.slo.describe(),
+        "scenario": digest,
+    }
+    if cfg.accuracy is not None:
+        settings["accuracy"] = f"table {cfg.accuracy.table.signature()} bounds {cfg.accuracy.describe() or 'none'}"
+    return settings
 
 
 def prepare_study(cfg: SearchConfig) -> optuna.Study:
@@ -204,9 +240,12 @@ def objective(trial: optuna.Trial, cfg: SearchConfig, evaluate: Evaluate) -> flo
     except InvalidTrial as exc:
         trial.set_user_attr("error", str(exc))
         raise
-    metrics = {k: _plain(metrics.get(k)) for k in METRIC_COLUMNS}
+    metrics = {k: _plain(metrics.get(k)) for k in cfg.metric_columns}
     trial.set_user_attr("metrics", metrics)
-    constraints = cfg.slo.violations({k: nan_float(v) for k, v in metrics.items()})
+    values_nan = {k: nan_float(v) for k, v in metrics.items()}
+    constraints = cfg.slo.violations(values_nan)
+    if cfg.accuracy is not None:
+        constraints.update(cfg.accuracy.violations(values_nan))
     trial.set_user_attr("constraints", list(constraints.values()))
     if HAS_SET_CONSTRAINT:
         for name, value in constraints.items():
@@ -266,9 +305,12 @@ def run_search(
 
     Raises:
         StudyMismatch: resuming a study made with other settings.
-        SearchError: ``total_trials`` or ``jobs`` < 1 (see :func:`check_run_args`).
+        SearchError: ``total_trials`` or ``jobs`` < 1 (see :func:`check_run_args`); objective ``pareto_kl``
+            without an accuracy table (field ``objective``).
     """
     check_run_args(total_trials, jobs)
+    if cfg.objective == "pareto_kl" and cfg.accuracy is None:
+        raise SearchError("objective pareto_kl needs an accuracy table (SearchConfig.accuracy)", "objective")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = prepare_study(cfg)
     existing = len(study.get_trials(deepcopy=False))

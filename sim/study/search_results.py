@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from sim.config.loader import load_scenario, policy_presets
-from sim.study.search import METRIC_COLUMNS, OBJECTIVES, SearchConfig, nan_float
+from sim.study.search import OBJECTIVES, SearchConfig, nan_float
 from sim.study.space import override
 
 
@@ -48,17 +48,18 @@ def trials_table(study: optuna.Study, cfg: SearchConfig) -> pd.DataFrame:
             "violation": sum(max(c, 0.0) for c in constraints) if constraints is not None else math.nan,
         }
         row.update({k: t.params.get(k) for k in keys})
-        row.update({k: nan_float(metrics.get(k)) for k in METRIC_COLUMNS})
+        row.update({k: nan_float(metrics.get(k)) for k in cfg.metric_columns})
         row["error"] = t.user_attrs.get("error", "")
         rows.append(row)
-    columns = ["trial", "state", "feasible", "violation", *keys, *METRIC_COLUMNS, "error"]
+    columns = ["trial", "state", "feasible", "violation", *keys, *cfg.metric_columns, "error"]
     return pd.DataFrame(rows, columns=columns).sort_values("trial", kind="stable").reset_index(drop=True)
 
 
-def pareto_front(trials: pd.DataFrame) -> pd.DataFrame:
-    """Feasible trials not dominated in (decode_tokens_per_s higher, tpot_p99_s lower), by throughput."""
-    ok = trials[trials["feasible"] & trials["decode_tokens_per_s"].notna() & trials["tpot_p99_s"].notna()]
-    thr, tpot = ok["decode_tokens_per_s"].to_numpy(), ok["tpot_p99_s"].to_numpy()
+def pareto_front(trials: pd.DataFrame, lower: str = "tpot_p99_s") -> pd.DataFrame:
+    """Feasible trials not dominated in (decode_tokens_per_s higher, ``lower`` lower: TPOT p99, or ``kl_nats``
+    for the ``pareto_kl`` objective), by throughput."""
+    ok = trials[trials["feasible"] & trials["decode_tokens_per_s"].notna() & trials[lower].notna()]
+    thr, tpot = ok["decode_tokens_per_s"].to_numpy(), ok[lower].to_numpy()
     keep = [
         not np.any((thr >= thr[i]) & (tpot <= tpot[i]) & ((thr > thr[i]) | (tpot < tpot[i]))) for i in range(len(ok))
     ]
@@ -104,9 +105,10 @@ def best_scenario_yaml(cfg: SearchConfig, params: dict[str, Any], trial: int, fe
         if name not in presets:
             data["policy"][name] = {"preset": "sglang" if entry["kind"] == "dense" else "pulseinfer", **entry}
     verdict = "meets the SLO" if feasible else "NO trial met the SLO; this is the least-violating one"
+    accuracy = f", accuracy {cfg.accuracy.describe()} on {cfg.accuracy.table.source}" if cfg.accuracy else ""
     header = [
         f"# pulseinfer search: best trial {trial} of study {cfg.study_name!r} "
-        f"(objective {cfg.objective}, SLO {cfg.slo.describe()}): {verdict}.",
+        f"(objective {cfg.objective}, SLO {cfg.slo.describe()}{accuracy}): {verdict}.",
         f"# Tuned policy: {cfg.space.policy}; " + ", ".join(f"{k}={v}" for k, v in params.items()),
         "# All of the scenario's policies are kept, the tuned one first (it reproduces the trial exactly).",
         "# Run: pulseinfer simulate best.yaml",
@@ -117,7 +119,8 @@ def best_scenario_yaml(cfg: SearchConfig, params: dict[str, Any], trial: int, fe
 def collect_results(study: optuna.Study, cfg: SearchConfig, out_dir: Path | None = None) -> SearchResult:
     """Tables of the study; with ``out_dir``, write trials.csv, pareto.csv and (if a trial completed) best.yaml."""
     trials = trials_table(study, cfg)
-    result = SearchResult(trials, pareto_front(trials), *pick_best(trials, cfg))
+    lower = "kl_nats" if cfg.objective == "pareto_kl" else "tpot_p99_s"
+    result = SearchResult(trials, pareto_front(trials, lower), *pick_best(trials, cfg))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         trials.to_csv(out_dir / "trials.csv", index=False)

@@ -1,0 +1,189 @@
+"""``pulseinfer sweep``: grids × policies × seeds, one cached simulation per point; sweep.csv and a ratio heatmap."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.errors import UsageError, flag_names
+from pulseinfer.progress import Bar
+
+# SweepConfig field / run_sweep argument → flag (SweepError, ExecutorError and AccuracyError name the field)
+FLAGS = {
+    "grids": "--grid",
+    "policies": "--policies",
+    "num_seeds": "--seeds",
+    "jobs": "--jobs",
+    "backend": "--backend",
+    "ray_address": "--ray-address",
+    "compare": "--compare",
+    "metric": "--metric",
+    "accuracy": "--accuracy",
+    "slo": "--slo",
+}
+METRIC_ALIASES = {"goodput": "goodput_requests_per_s", "throughput": "decode_tokens_per_s", "tpot_p99": "tpot_p99_s"}
+
+EPILOG = """\
+Each point (grid values × policy × seed) is one simulation of one policy on its resolved scenario, a pure
+function of that scenario; results are cached under OUT/cache by a hash of the resolved scenario, policy,
+seed and code version, so rerunning with one more grid value simulates only the new points.
+OUT/sweep.csv: one row per point (grid values, policy, seed, slo_met, every summary column, the
+interpolated accuracy of the policy's selection and budget, error). With --compare A/B and two grid keys
+(three: the first makes panels): OUT/compare.csv and OUT/compare_<metric>.png, a heatmap of A / B.
+
+Example (a 3 x 3 grid, two policies, on Ray):
+  pulseinfer sweep default --grid workload.synthetic.prompt_tokens_mean=8192,32768,131072 \\
+      --grid workload.synthetic.rate_per_s=0.5,1,2 --set workload.trace=null ... \\
+      --policies sglang,pulseinfer --compare pulseinfer/sglang --backend ray --out results/sweep
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sweep",
+        help="grid sweep: grids x policies x seeds, cached; sweep.csv and an A/B heatmap",
+        description="Simulate every combination of grid values, policies and seeds once (cached by content) "
+        "on local processes or Ray.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", default=None, help="scenario YAML path or shipped name (default: default)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="a dotted scenario key and its values (repeatable; the product is swept)",
+    )
+    p.add_argument("--policies", default=None, help="policies to simulate at each point (default: the scenario's)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per point: the scenario's seed + 0..N-1 (default 1)")
+    p.add_argument(
+        "--slo",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="p99 targets (tpot_p99_ms, ttft_p99_s) and accuracy bounds (kl_nats, rel_l2, mass_pct, worst_head_pct, "
+        "argmax_pct) for slo_met; default: the scenario's slo block",
+    )
+    p.add_argument("--accuracy", type=Path, default=None, help="accuracy.csv (default: the shipped SmolLM2 2K table)")
+    p.add_argument("--compare", default=None, metavar="A/B", help="heatmap of policy A / policy B (two grid keys)")
+    p.add_argument(
+        "--metric",
+        default="goodput",
+        help="compared sweep.csv column, or goodput / throughput / tpot_p99 (default goodput)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (local) or CPUs of a local Ray (default 1)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local", help="where simulations run")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto, ray://host:10001)")
+    p.add_argument("--out", type=Path, required=True, help="results folder (cache/, sweep.csv, compare.*)")
+    add_overrides(p, "workload.synthetic.num_requests=40")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.study.executors import check_backend
+    from sim.study.sweep import compare_table, resolve_points, run_sweep
+
+    with flag_names(FLAGS):
+        check_backend(args.backend, args.jobs, args.ray_address)
+        cfg, compare = _config(args)
+        points = resolve_points(cfg)  # every point's scenario validated before anything runs or is written
+        if cfg.accuracy is not None:
+            cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
+        total = len(points)
+        check_out_folder(args.out)
+        args.out.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with Bar(total, "sweep", "point", hidden=args.no_progress) as bar:
+            result = run_sweep(cfg, args.out, args.backend, args.jobs, args.ray_address, bar.reach, points)
+        wall_s = time.perf_counter() - started
+        outputs = {"sweep.csv": lambda path: result.table.to_csv(path, index=False)}
+        if compare:
+            a, b, metric = compare
+            cells = compare_table(result.table, cfg.keys, a, b, metric)
+            outputs["compare.csv"] = lambda path: cells.to_csv(path, index=False)
+            outputs[f"compare_{metric}.png"] = lambda path: _heatmap(cells, cfg.keys, a, b, metric, path)
+    files = write_whole(args.out, outputs)
+    print(
+        f"\nsweep: {total} points ({result.num_simulated} simulated, {result.num_cached} from the cache), "
+        f"backend {args.backend}, {args.jobs} job(s), {wall_s:.1f} s wall"
+    )
+    if compare:
+        print(f"\n{compare[0]} / {compare[1]}, {compare[2]} (mean over seeds):")
+        print(cells.to_string(index=False))
+    print(f"\nwrote {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def _config(args: argparse.Namespace):
+    """SweepConfig and (A, B, metric) or None; every input checked before anything runs."""
+    from sim.config.loader import DEFAULT_SCENARIO, load_scenario
+    from sim.study.accuracy import OUTPUTS, AccuracySlo, load_accuracy_table, split_slo
+    from sim.study.slo import parse_slo, slo_from_scenario
+    from sim.study.sweep import METRIC_COLUMNS, SweepConfig, SweepError, parse_grid
+
+    scenario = args.scenario or DEFAULT_SCENARIO
+    grids = tuple(parse_grid(g) for g in args.grid)
+    # The first value of each grid completes the scenario (a synthetic workload may need a swept key).
+    base = load_scenario(scenario, [*args.overrides, *(f"{k}={v[0]}" for k, v in grids)])
+    tail, bounds = split_slo(args.slo)
+    try:
+        slo = parse_slo(tail) if tail else slo_from_scenario(base)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip()) if args.policies else base.policies
+    cfg = SweepConfig(
+        scenario=str(scenario),
+        grids=grids,
+        policies=tuple(policies),
+        num_seeds=args.seeds,
+        overrides=tuple(args.overrides),
+        slo=slo,
+        accuracy=AccuracySlo(load_accuracy_table(args.accuracy), bounds),
+    )
+    if args.compare is None:
+        return cfg, None
+    a, sep, b = (s.strip() for s in args.compare.partition("/"))
+    if not sep or not a or not b or a == b:
+        raise SweepError(f"{args.compare!r}: expected A/B, two different policies", "compare")
+    missing = [p for p in (a, b) if p not in cfg.policies]
+    if missing:
+        raise SweepError(f"{args.compare}: {missing} not among the swept policies {list(cfg.policies)}", "compare")
+    if len(grids) not in (2, 3):
+        raise SweepError(f"needs two grid keys (three: the first makes panels), got {len(grids)}", "compare")
+    metric = METRIC_ALIASES.get(args.metric, args.metric)
+    if metric not in [*METRIC_COLUMNS, *OUTPUTS]:
+        raise SweepError(f"{args.metric!r}: expected one of {', '.join(METRIC_ALIASES)} or a summary column", "metric")
+    return cfg, (a, b, metric)
+
+
+def _heatmap(cells, keys: list[str], a: str, b: str, metric: str, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from plots.sweep import sweep_ratio_heatmap
+
+    panel, x_key, y_key = (None, *keys) if len(keys) == 2 else keys
+    fig = sweep_ratio_heatmap(cells, x_key, y_key, a, b, metric, panel_key=panel)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=130)
+
+
+def write_whole(out: Path, outputs: dict) -> list[Path]:
+    """Write each output into a temp folder inside ``out``, then move them into place (a reader never sees a
+    half-written file, and a failed writer leaves the old files). Returns the final paths."""
+    tmp = Path(tempfile.mkdtemp(prefix=".sweep-", dir=out))
+    try:
+        for name, write in outputs.items():
+            write(tmp / name)
+        paths = []
+        for name in outputs:
+            os.replace(tmp / name, out / name)
+            paths.append(out / name)
+        return paths
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,333 @@
+"""Parameter sweeps: every point of grids × policies × seeds simulated once, cached by content.
+
+``run_sweep(SweepConfig, out_dir, backend, jobs) -> SweepResult``:
+
+1. :func:`resolve_points` applies, per point, the user's ``--set`` items, the SLO's, the grid values,
+   ``seed=<seed>`` and ``policies=<policy>`` to the scenario and validates it (a bad key or value is an error
+   before anything runs). Seeds are the scenario's own seed + 0 … N-1.
+2. Each point's result is a pure function of its resolved scenario: :func:`sim.run.policy_summary` of its one
+   policy (generator index 0) on :func:`sim.workload.load_workload` of that scenario. Its cache key
+   (:func:`cache_key`) is the SHA-256 of the resolved scenario (JSON), the policy, the seed, the trace file's
+   bytes (when the workload reads one) and :func:`code_version` (the package version and a digest of the
+   ``sim`` and ``traces`` sources). Records live in ``out_dir/cache/<key[:2]>/<key>.json``; a rerun with one
+   more grid value simulates only the new points, and any change of scenario, card, preset or code makes new keys.
+3. Missing points are grouped by (grid values, seed), so a group's policies share one workload, and run on
+   :func:`sim.study.executors.run_tasks` (local processes or Ray). Results come back to this process, which
+   alone writes the cache, so remote workers need no shared file system.
+4. :func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
+   ``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
+   ``rejected``/``incomplete``, the interpolated accuracy columns (``sim.study.accuracy``) and ``error`` (a
+   point whose model does not fit: :class:`~sim.serving.kv.CapacityError`'s message, metrics NaN).
+
+The table does not depend on the backend, the job count or the order points finish in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+import traces
+from sim.config import Scenario, load_scenario
+from sim.metrics import SUMMARY_COLUMNS
+from sim.run import policy_summary
+from sim.serving.kv import CapacityError
+from sim.study.accuracy import AccuracySlo, accuracy_columns, output_columns
+from sim.study.executors import run_tasks
+from sim.study.slo import TailSlo
+from sim.workload import load_workload
+
+METRIC_COLUMNS = [c for c in SUMMARY_COLUMNS if c != "policy"] + ["rejected", "incomplete"]
+RESERVED_KEYS = {"policies": "--policies", "seed": "--seeds"}  # grid keys set by the sweep itself
+
+
+class SweepError(ValueError):
+    """A bad sweep setting; ``field`` names the :class:`SweepConfig` field or ``run_sweep`` argument."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self):
+        return type(self), (str(self), self.field)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to sweep. ``grids``: ((dotted key, (value, ...)), ...), values as ``--set`` text."""
+
+    scenario: str
+    grids: tuple[tuple[str, tuple[str, ...]], ...]
+    policies: tuple[str, ...]
+    num_seeds: int = 1
+    overrides: tuple[str, ...] = ()
+    slo: TailSlo = field(default_factory=TailSlo)
+    accuracy: AccuracySlo | None = None  # accuracy table and bounds; None: no accuracy columns
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k, _ in self.grids]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation: grid values (as given), policy, seed, its resolved scenario and cache key."""
+
+    values: tuple[str, ...]
+    policy: str
+    seed: int
+    scenario: Scenario
+    key: str
+
+
+@dataclass
+class SweepResult:
+    table: pd.DataFrame  # see sweep_table
+    num_simulated: int  # points computed by this run
+    num_cached: int  # points read from the cache
+    files: list[Path] = field(default_factory=list)
+
+
+def parse_grid(text: str) -> tuple[str, tuple[str, ...]]:
+    """``KEY=V1,V2,...`` → (key, values). Raises SweepError (field ``grids``) naming the item."""
+    key, sep, raw = (s.strip() for s in text.partition("="))
+    values = tuple(v.strip() for v in raw.split(",") if v.strip())
+    if not sep or not key or not values:
+        raise SweepError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. workload.synthetic.rate_per_s=1,2,4", "grids")
+    if key in RESERVED_KEYS:
+        raise SweepError(f"--grid {key}: set by the sweep itself; use {RESERVED_KEYS[key]}", "grids")
+    if len(set(values)) != len(values):
+        raise SweepError(f"--grid {text!r}: a value is repeated", "grids")
+    return key, values
+
+
+def check_config(cfg: SweepConfig) -> None:
+    """Raises SweepError for no grid, a repeated grid key, no policy or ``num_seeds`` < 1."""
+    if not cfg.grids:
+        raise SweepError("give at least one grid (KEY=V1,V2,...)", "grids")
+    if len(set(cfg.keys)) != len(cfg.keys):
+        raise SweepError(f"grid keys must differ, got {cfg.keys}", "grids")
+    if not cfg.policies:
+        raise SweepError("give at least one policy", "policies")
+    if cfg.num_seeds < 1:
+        raise SweepError(f"num_seeds must be >= 1, got {cfg.num_seeds}", "num_seeds")
+
+
+@cache
+def code_version() -> str:
+    """``pulseinfer <version> src <digest>``: the digest covers every ``.py`` file of ``sim`` and ``traces``."""
+    digest = hashlib.sha256()
+    for package in ("sim", "traces"):
+        root = Path(__import__(package).__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    try:
+        release = version("pulseinfer")
+    except PackageNotFoundError:
+        release = "unknown"
+    return f"pulseinfer {release} src {digest.hexdigest()[:16]}"
+
+
+@cache
+def _file_digest(path: str) -> str:
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(scenario: Scenario, policy: str, seed: int) -> str:
+    """SHA-256 (hex) of the resolved scenario, policy, seed, trace bytes and :func:`code_version`."""
+    trace = scenario.workload.trace
+    payload = {
+        "scenario": scenario.model_dump(mode="json"),
+        "policy": policy,
+        "seed": seed,
+        "trace": _file_digest(str(traces.resolve_trace(trace))) if trace else None,
+        "code": code_version(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def resolve_points(cfg: SweepConfig) -> list[Point]:
+    """Every (grid values, policy, seed) in grid order (first key slowest), policies, then seeds.
+
+    Raises:
+        SweepError: see :func:`check_config`.
+        ScenarioError: a grid value or override the scenario rejects (the message names the key).
+    """
+    check_config(cfg)
+    first = [f"{k}={v[0]}" for k, v in cfg.grids]  # a synthetic workload may need a swept key to load
+    base_seed = load_scenario(cfg.scenario, [*cfg.overrides, *first]).seed
+    points = []
+    for values in itertools.product(*(v for _, v in cfg.grids)):
+        for policy in cfg.policies:
+            for seed in range(base_seed, base_seed + cfg.num_seeds):
+                items = [f"{k}={v}" for k, v in zip(cfg.keys, values)]
+                overrides = [
+                    *cfg.overrides,
+                    *cfg.slo.scenario_overrides(),
+                    *items,
+                    f"seed={seed}",
+                    f"policies={policy}",
+                ]
+                scenario = load_scenario(cfg.scenario, overrides)
+                points.append(Point(tuple(values), policy, seed, scenario, cache_key(scenario, policy, seed)))
+    return points
+
+
+def simulate_group(scenarios: tuple[Scenario, ...], policies: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Records ``{"metrics": {...}, "error": ""}`` of each (scenario, policy); scenarios that share a workload
+    spec and seed load it once. A model that does not fit gives NaN metrics and the error message."""
+    workloads: dict[str, pd.DataFrame] = {}
+    records = []
+    for scenario, policy in zip(scenarios, policies):
+        spec = f"{scenario.seed}:{scenario.workload.model_dump_json()}"
+        try:
+            if spec not in workloads:
+                workloads[spec] = load_workload(scenario)
+            summary = policy_summary(scenario, workloads[spec], policy)
+            records.append({"metrics": {k: _plain(summary.get(k)) for k in METRIC_COLUMNS}, "error": ""})
+        except CapacityError as exc:
+            records.append({"metrics": {k: None for k in METRIC_COLUMNS}, "error": str(exc)})
+    return records
+
+
+class PointCache:
+    """JSON records under ``root/<key[:2]>/<key>.json``; each written to a temp file and renamed into place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path(key).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def run_sweep(
+    cfg: SweepConfig,
+    out_dir: Path,
+    backend: str = "local",
+    jobs: int = 1,
+    ray_address: str | None = None,
+    on_point: Callable[[int], None] | None = None,
+    points: list[Point] | None = None,
+) -> SweepResult:
+    """Simulate the points missing from ``out_dir/cache`` and tabulate all of them (nothing else is written).
+
+    Args:
+        on_point: called with the number of points done (cached ones first, then as groups finish).
+        points: :func:`resolve_points` of ``cfg`` when the caller already has them (they are not re-checked).
+
+    Raises:
+        SweepError, ScenarioError: see :func:`resolve_points`; ExecutorError: a bad backend or job count;
+        AccuracyError: an accuracy bound on a point the accuracy table does not cover.
+    """
+    points = resolve_points(cfg) if points is None else points
+    if cfg.accuracy is not None:
+        cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
+    cache = PointCache(out_dir / "cache")
+    records = {p.key: cache.get(p.key) for p in points}
+    missing = list({p.key: p for p in points if records[p.key] is None}.values())
+    num_cached = len(points) - len(missing)
+    if on_point:
+        on_point(num_cached)
+    groups: dict[tuple, list[Point]] = {}
+    for p in missing:
+        groups.setdefault((p.values, p.seed), []).append(p)
+    group_points = list(groups.values())
+    tasks = [(tuple(p.scenario for p in g), tuple(p.policy for p in g)) for g in group_points]
+    done = [num_cached]
+
+    def store(index: int, group_records: list[dict]) -> None:
+        for p, record in zip(group_points[index], group_records):
+            cache.put(p.key, record)
+            records[p.key] = record
+        done[0] += len(group_records)
+        if on_point:
+            on_point(done[0])
+
+    run_tasks(simulate_group, tasks, backend, jobs, ray_address, on_done=store)
+    return SweepResult(sweep_table(cfg, points, records), len(missing), num_cached)
+
+
+def sweep_table(cfg: SweepConfig, points: list[Point], records: dict[str, dict]) -> pd.DataFrame:
+    """One row per point (see the module docstring); grid values typed as YAML scalars (``4096`` → int)."""
+    rows = []
+    for p in points:
+        record = records[p.key]
+        metrics = {k: math.nan if record["metrics"].get(k) is None else record["metrics"][k] for k in METRIC_COLUMNS}
+        row: dict[str, Any] = {k: yaml.safe_load(v) for k, v in zip(cfg.keys, p.values)}
+        row.update(policy=p.policy, seed=p.seed)
+        met = not record["error"] and cfg.slo.met(metrics)
+        if cfg.accuracy is not None:
+            acc = accuracy_columns(cfg.accuracy.table, p.scenario, p.policy)
+            met = met and cfg.accuracy.met(acc)
+            metrics.update(acc)
+        rows.append({**row, "slo_met": bool(met), **metrics, "error": record["error"]})
+    acc_cols = output_columns() if cfg.accuracy is not None else []
+    columns = [*cfg.keys, "policy", "seed", "slo_met", *METRIC_COLUMNS, *acc_cols, "error"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _plain(value: Any) -> float | int | None:
+    """A JSON number (NaN → None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | int | np.integer):
+        return int(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def compare_table(table: pd.DataFrame, keys: list[str], a: str, b: str, metric: str) -> pd.DataFrame:
+    """Per grid cell (``keys``), policy ``a`` against ``b``: means over seeds of ``metric``, their ratio (inf when
+    only B is 0, NaN when both are), and the fraction of seeds on which each meets the SLO.
+
+    Raises:
+        SweepError: ``a`` or ``b`` is not a swept policy (field ``compare``), ``metric`` not a column (``metric``).
+    """
+    for policy in (a, b):
+        if policy not in set(table["policy"]):
+            raise SweepError(f"{a}/{b}: {policy!r} is not a swept policy", "compare")
+    if metric not in table.columns or metric in (*keys, "policy", "seed", "error"):
+        raise SweepError(f"{metric!r}: not a numeric sweep.csv column", "metric")
+    cells = table[keys].drop_duplicates().reset_index(drop=True)
+    for policy, tag in ((a, "a"), (b, "b")):
+        rows = table[table["policy"] == policy]
+        grouped = rows.groupby(keys, sort=False).agg(
+            **{f"{tag}_{metric}": (metric, "mean"), f"{tag}_slo_met_frac": ("slo_met", "mean")}
+        )
+        cells = cells.merge(grouped.reset_index(), on=keys, how="left")
+    num, den = cells[f"a_{metric}"].to_numpy(dtype=float), cells[f"b_{metric}"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cells["ratio"] = np.where(den > 0, num / den, np.where(num > 0, np.inf, np.nan))
+    return cells
