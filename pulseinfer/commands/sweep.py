@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder
 from pulseinfer.errors import UsageError, flag_names
+from pulseinfer.outdir import MARKER
 from pulseinfer.progress import Bar
 
 # SweepConfig field / run_sweep argument → flag (SweepError, ExecutorError and AccuracyError name the field)
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         total = len(points)
         check_out_folder(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
+        # a results folder pulseinfer wrote: a re-run may use it again (its cache/ is what makes re-runs cheap)
+        (args.out / MARKER).write_text("written by pulseinfer sweep; a re-run reuses cache/ and replaces the tables\n")
         started = time.perf_counter()
         with Bar(total, "sweep", "point", hidden=args.no_progress) as bar:
             result = run_sweep(cfg, args.out, args.backend, args.jobs, args.ray_address, bar.reach, points)

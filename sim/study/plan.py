@@ -35,7 +35,9 @@ from __future__ import annotations
 import math
 import signal
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 
 import pandas as pd
 

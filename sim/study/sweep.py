@@ -187,9 +187,16 @@ def resolve_points(cfg: SweepConfig) -> list[Point]:
                     f"seed={seed}",
                     f"policies={policy}",
                 ]
-                scenario = load_scenario(cfg.scenario, overrides)
+                scenario = load_scenario(cfg.scenario, _for_policy(overrides, policy, cfg.policies))
                 points.append(Point(tuple(values), policy, seed, scenario, cache_key(scenario, policy, seed)))
     return points
+
+
+def _for_policy(overrides: list[str], policy: str, policies: tuple[str, ...] | list[str]) -> list[str]:
+    """The overrides that apply when only ``policy`` runs: ``policy.OTHER.*`` keys of the sweep's other policies are
+    left out (the scenario refuses keys of a policy that does not run)."""
+    others = {f"policy.{p}." for p in policies if p != policy}
+    return [o for o in overrides if not any(o.startswith(prefix) for prefix in others)]
 
 
 def simulate_group(scenarios: tuple[Scenario, ...], policies: tuple[str, ...]) -> list[dict[str, Any]]:
