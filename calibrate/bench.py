@@ -83,6 +83,24 @@ class BenchGrid:
     repeats: int
 
 
+# The smallest grid that still fits every term: a 2-layer calibration in seconds
+# (tests/calibrate, scripts/bench_validation_loop.py).
+TINY_GRID = BenchGrid(
+    copy_sizes_bytes=tuple(4096 * 4**i for i in range(7)),  # 4 KiB … 16 MiB
+    copy_buffer_bytes=64 << 20,
+    fragment_bytes=(16 << 10, 64 << 10),
+    fragment_counts=(16, 128, 512),
+    host_pool_bytes=64 << 20,
+    compute_batches=(1, 2, 4),
+    compute_contexts=(1024, 2048, 4096),
+    compute_steps=5,
+    selection_batches=(1, 4),
+    selection_contexts=(2048, 4096),
+    matmul_size=256,
+    repeats=3,
+)
+
+
 def quick_grid(cuda: bool) -> BenchGrid:
     """Small grid: under 2 minutes on a 2-core CPU (`pulseinfer calibrate --quick`)."""
     return BenchGrid(

@@ -19,24 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from calibrate.bench import BenchGrid
+from calibrate.bench import TINY_GRID
 from calibrate.run import CalibrationSettings, run_calibration
 from calibrate.validate import ValidationWorkload, validate
 
-TINY = BenchGrid(
-    copy_sizes_bytes=tuple(4096 * 4**i for i in range(7)),  # 4 KiB … 16 MiB
-    copy_buffer_bytes=64 << 20,
-    fragment_bytes=(16 << 10, 64 << 10),
-    fragment_counts=(16, 128, 512),
-    host_pool_bytes=64 << 20,
-    compute_batches=(1, 2, 4),
-    compute_contexts=(1024, 2048, 4096),
-    compute_steps=5,
-    selection_batches=(1, 4),
-    selection_contexts=(2048, 4096),
-    matmul_size=256,
-    repeats=3,
-)
+TINY = TINY_GRID
 WORKLOAD = ValidationWorkload(contexts=(1024, 2048, 3072, 4096), output_tokens=(12, 10, 8, 6))
 BOUND_PCT = 10.0  # the calibration issue's acceptance bound on mean TPOT
 

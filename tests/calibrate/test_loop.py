@@ -12,25 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibrate.bench import BenchGrid  # noqa: E402
+from calibrate.bench import TINY_GRID  # noqa: E402
 from calibrate.run import CalibrationSettings, run_calibration  # noqa: E402
 from pulseinfer.cli import main  # noqa: E402
 from sim.config.profiles import load_profile  # noqa: E402
 
-TINY = BenchGrid(
-    copy_sizes_bytes=tuple(4096 * 4**i for i in range(7)),  # 4 KiB … 16 MiB
-    copy_buffer_bytes=64 << 20,
-    fragment_bytes=(16 << 10, 64 << 10),
-    fragment_counts=(16, 128, 512),
-    host_pool_bytes=64 << 20,
-    compute_batches=(1, 2, 4),
-    compute_contexts=(1024, 2048, 4096),
-    compute_steps=5,
-    selection_batches=(1, 4),
-    selection_contexts=(2048, 4096),
-    matmul_size=256,
-    repeats=3,
-)
+TINY = TINY_GRID
 
 
 @pytest.fixture(scope="module")
