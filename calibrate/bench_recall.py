@@ -32,12 +32,13 @@ import pandas as pd
 import torch
 
 from calibrate.bench import timed
+from engine import triton_gather
 from engine.io import RecallIO, make_io
 from engine.pools import make_pools
 
 RECALL_COLUMNS = ["mode", "fragment_bytes", "num_fragments", "recall_bytes", "repeat", "seconds"]
 BENCH_COLUMNS = ["mode", "fragment_bytes", "num_fragments", "gbps", "seconds"]
-RECALL_MODES = ("per_fragment", "gather_scatter")  # gpu_gather is timed on CUDA only (calibrate/bench.py)
+RECALL_MODES = ("per_fragment", "gather_scatter")  # every device; recall_modes adds gpu_gather where it is real
 HEAD_DIM = 128
 DTYPE = torch.bfloat16
 TOKEN_BYTES = 2 * HEAD_DIM * DTYPE.itemsize  # K and V of one head: 512 B
@@ -117,6 +118,14 @@ def _group_points(points: Iterable[tuple[int, int]], host_pool_bytes: int, repea
     return by_size
 
 
+def recall_modes(device: str) -> tuple[str, ...]:
+    """The recall modes timed on ``device``: ``RECALL_MODES``, plus ``gpu_gather`` on CUDA when the Triton kernel
+    is available (elsewhere GpuGatherIO falls back to a copy and its times would not be a gather kernel's)."""
+    if torch.device(device).type == "cuda" and triton_gather.available():
+        return (*RECALL_MODES, "gpu_gather")
+    return RECALL_MODES
+
+
 def check_fragment_bytes(fragment_bytes: int) -> None:
     """Raise ValueError unless fragment_bytes is a positive multiple of TOKEN_BYTES (whole tokens of one head)."""
     if fragment_bytes < TOKEN_BYTES or fragment_bytes % TOKEN_BYTES:
@@ -137,7 +146,7 @@ def _recall_ios(
     device_pool, host_pool = make_pools(
         1, max_count, num_host, fragment_bytes // TOKEN_BYTES, 1, HEAD_DIM, DTYPE, device
     )
-    ios = {mode: make_io(mode, host_pool, device_pool) for mode in RECALL_MODES}
+    ios = {mode: make_io(mode, host_pool, device_pool) for mode in recall_modes(device)}
     src = torch.randperm(num_host, generator=gen)[:max_count]
     dst = torch.randperm(max_count, generator=gen)
     host_pool.layers[0][src] = torch.randn((max_count, *host_pool.block_shape), generator=gen, dtype=DTYPE)
@@ -149,7 +158,7 @@ def _recall_ios(
         io.wait(0)
         results.append(device_pool.layers[0][dst_dev].cpu())
     if not all(torch.equal(results[0], r) for r in results[1:]):
-        raise RuntimeError(f"per_fragment and gather_scatter device blocks differ at fragment_bytes={fragment_bytes}")
+        raise RuntimeError(f"recall modes {list(ios)} give different device blocks at fragment_bytes={fragment_bytes}")
     return ios, num_host, max_count
 
 

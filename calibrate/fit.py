@@ -159,6 +159,19 @@ def fit_gather(recall: pd.DataFrame, size_table: list[tuple[int, float]]) -> Gat
     return GatherFit(frag_cost * 1e6, gbps, mape, pf_mape)
 
 
+def fit_call_us(recall: pd.DataFrame) -> float:
+    """Host-side cost of one copy call in µs (the card's ``h2d_call_us``): the fastest per-copy time of the
+    ``per_fragment`` loops in recall.csv (seconds / fragments, over every fragment size), 0 when there are none.
+
+    The simulator charges a loop of N copies N · max(call, t(s)) (sim/step/link.py), so this floor never makes a
+    measured copy slower than the loop that measured it.
+    """
+    pf = recall[recall["mode"] == "per_fragment"]
+    if pf.empty:
+        return 0.0
+    return float((pf["seconds"] / pf["num_fragments"]).min() * 1e6)
+
+
 @dataclass(frozen=True)
 class GpuGatherFit:
     """The card's ``gpu_gather_*`` terms (sim/step/link.py) fitted to the engine's gpu_gather recalls."""

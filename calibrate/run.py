@@ -108,14 +108,27 @@ def hardware_card(
     compute_kv_gbps: float,
     matmul_tflops: float,
     source: str,
+    call_us: float = 0.0,
+    gpu_gather: fit.GpuGatherFit | None = None,
 ) -> HardwareSpec:
     """The profile's hardware: measured link, gather and peaks; stand-ins for what is not measured.
 
     Not measured (stand-ins, named in the card's source): D2H rate (= H2D), D2H coupling (0), HBM size
     (the GPU's total memory; on a CPU half the RAM), host DRAM (the machine's RAM), reserve (0). The
     HBM bandwidth is the attention's KV read rate from the compute fit, and the FLOP/s peak the GEMM rate,
-    both as achieved (efficiency 1); only prefill uses them and prefill is not validated.
+    both as achieved (efficiency 1); only prefill uses them and prefill is not validated. ``call_us`` is the
+    per-copy call floor (`fit.fit_call_us`); ``gpu_gather``, when recall.csv has gpu_gather rows (CUDA), sets the
+    card's ``gpu_gather_*`` terms, else they keep the schema's defaults.
     """
+    gg = (
+        {
+            "gpu_gather_gbps": gpu_gather.gbps,
+            "gpu_gather_launch_us": gpu_gather.launch_us,
+            "gpu_gather_half_bytes": gpu_gather.half_bytes,
+        }
+        if gpu_gather is not None
+        else {}
+    )
     cuda = torch.device(device).type == "cuda"
     ram = host_ram_gib()
     hbm_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB if cuda else ram / 2
@@ -129,6 +142,7 @@ def hardware_card(
         h2d_bandwidth_gbps=link.bandwidth_gbps,
         d2h_bandwidth_gbps=link.bandwidth_gbps,
         h2d_latency_us=link.latency_us,
+        h2d_call_us=call_us,
         h2d_size_table=link.size_table,
         d2h_coupling=0.0,
         host_gather_threads=1,
@@ -140,6 +154,7 @@ def hardware_card(
         prefill_mfu=1.0,
         decode_step_overhead_us=0.0,
         io_overlaps_compute=cuda,
+        **gg,
     )
 
 
@@ -267,7 +282,19 @@ def fit_profile(
         f"pulseinfer calibrate on {metadata['device_name']} ({device}), {metadata['date']}, "
         f"commit {metadata['commit'][:10]}"
     )
-    hardware = hardware_card(device, link, gather, kv_gbps, float(tables["matmul"]["tflops"].max()), source)
+    gpu_gather = fit.fit_gpu_gather(tables["recall"])
+    if gpu_gather is not None:
+        metadata["gpu_gather_mape_pct"] = round(gpu_gather.mape_pct, 2)
+    hardware = hardware_card(
+        device,
+        link,
+        gather,
+        kv_gbps,
+        float(tables["matmul"]["tflops"].max()),
+        source,
+        call_us=fit.fit_call_us(tables["recall"]),
+        gpu_gather=gpu_gather,
+    )
     keep = {k: old[k] for k in ("recall_stats", "recall_stats_source") if k in old} if old else {}
     return Profile(
         name=f"{device}-{card.name}",
@@ -304,6 +331,7 @@ def summary_table(profile: Profile) -> pd.DataFrame:
     rows = [
         ("link bandwidth (fit)", h.h2d_bandwidth_gbps, "GB/s", meta.get("link_mape_pct")),
         ("link per-copy cost t0 (fit)", h.h2d_latency_us, "us", meta.get("link_mape_pct")),
+        ("copy call floor (per_fragment loop)", h.h2d_call_us, "us", None),
         ("gather per fragment", h.host_gather_fragment_us, "us", meta.get("gather_scatter_mape_pct")),
         ("gather rate", h.host_gather_gbps_per_thread, "GB/s", meta.get("gather_scatter_mape_pct")),
         ("layer base", c.layer_base_us, "us", c.mape_pct),

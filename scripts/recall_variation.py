@@ -27,6 +27,9 @@ SMOLLM2 = {  # SmolLM2-135M's shape (engine/weights.py reads the same from its G
 }  # fmt: skip
 
 
+LAYER_BIN_S = 1e-5  # far below a decode step, so the step-w boundary falls within one bin
+
+
 def cv(x: np.ndarray) -> float:
     """Coefficient of variation (population sd / mean)."""
     return float(np.std(x) / np.mean(x)) if np.mean(x) else float("nan")
@@ -61,9 +64,12 @@ def simulated_cvs(recall_stats: dict, budget: int, steps: int, context: int, see
         f"policy.pulseinfer={yaml.safe_dump(policy, default_flow_style=True).strip()}",
         f"recall_stats={yaml.safe_dump(recall_stats, default_flow_style=True).strip()}",
     ]  # fmt: skip
-    result = simulate(load_scenario("default", overrides)).policies["pulseinfer"]
+    result = simulate(load_scenario("default", [*overrides, f"run.layer_bin_s={LAYER_BIN_S}"])).policies["pulseinfer"]
     decode = result.steps[result.steps["phase"] == "decode"].iloc[w:]
-    return cv(decode["num_fragments"].to_numpy()), cv(result.layers["fragments"].to_numpy())
+    # per-layer totals over the same steps as the engine's (from step w on: the cold first step recalls the whole
+    # selection in every layer, which the engine's statistics leave out), from the fine layer x time bins
+    binned = result.layer_recall[result.layer_recall["time_s"] >= decode["start_s"].iloc[0] - LAYER_BIN_S / 2]
+    return cv(decode["num_fragments"].to_numpy()), cv(binned.groupby("layer")["recall_bytes"].sum().to_numpy())
 
 
 def main() -> None:

@@ -122,7 +122,11 @@ class HardwareSpec(Spec):
     bf16_tflops: PositiveFloat  # dense peak
     h2d_bandwidth_gbps: PositiveFloat  # PCIe host→device copy rate for large transfers
     d2h_bandwidth_gbps: PositiveFloat
-    h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer
+    h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer (per-descriptor DMA, pipelined)
+    # Host-side cost of issuing one cudaMemcpyAsync, serial on the issuing thread: a loop of small copies runs at
+    # most one copy per h2d_call_us (io: per_fragment). H100: 3.45-3.98 µs per call (torchcomms PR #2195,
+    # docs/sources.md §3.3).
+    h2d_call_us: Annotated[float, Field(ge=0)] = 3.7
     host_dram_gib: PositiveFloat  # host DRAM available for offloaded KV
     reserve_gib: Annotated[float, Field(ge=0)]  # HBM kept out of the static pool (activations, graphs)
     h2d_size_table: list[tuple[PositiveInt, PositiveFloat]] | None = None  # measured (size_bytes, gbps)
@@ -135,9 +139,9 @@ class HardwareSpec(Spec):
     host_memory_gbps: PositiveFloat | None = None
     gpus_per_node: PositiveInt = 1  # GPUs sharing host_memory_gbps
     # io: batched (one cudaMemcpyBatchAsync-style call per layer): t = call + N · entry + bytes / BW
-    # (docs/sources.md §3.3: torchcomms PR #2195, vLLM PR #40549; entry ≈ 0.5 × one copy's cost).
+    # (docs/sources.md §3.3: torchcomms PR #2195 measures 2.23-2.53 µs per entry on H100; vLLM PR #40549 ~2.6).
     h2d_batch_call_us: Annotated[float, Field(ge=0)] = 5.0  # one call's submission (5-7 µs per call, §3.3)
-    h2d_batch_entry_us: Annotated[float, Field(ge=0)] = 0.6  # per fragment inside the call
+    h2d_batch_entry_us: Annotated[float, Field(ge=0)] = 2.4  # per fragment inside the call
     # io: gpu_gather (a kernel on the GPU reads pinned host memory over UVA): t = launch + (bytes + N · half) / BW,
     # i.e. a fragment of s bytes runs at BW · s / (s + half). SparseServe FlashH2D > 20 GB/s on Gen4 for 4-32
     # token blocks; SM-driven H2D ~35 GB/s on Hopper Gen5 (nvbandwidth issue #24); docs/sources.md §3.2.

@@ -10,10 +10,13 @@ Link (one H2D DMA queue per GPU; copy engines are per direction, docs/sources.md
 
 Per layer, by the policy's ``io`` (N fragments, ``bytes`` in all):
 
-* ``per_fragment`` — one copy per fragment: N · t(bytes / N). docs/sources.md §3.3: 8 KiB fragments reach
-  ~6 GB/s on a link whose large copies run at 25–55 GB/s, i.e. t0 ≈ 1.2 µs.
+* ``per_fragment`` — one ``cudaMemcpyAsync`` per fragment: N · max(c, t(bytes / N)), where c =
+  ``h2d_call_us`` is the host-side cost of issuing one copy, serial on the issuing thread (docs/sources.md
+  §3.3: 3.45–3.98 µs per call on H100, torchcomms PR #2195; ~5.5 µs per copy in vLLM PR #40549's loop), and
+  t0 ≈ 1.2 µs the pipelined per-descriptor DMA cost. Small fragments are bound by c: 8 KiB runs at ~2 GB/s
+  (SparseServe: < 5 GB/s for per-block memcpy).
 * ``batched`` — one call for all fragments (as ``cudaMemcpyBatchAsync``): call + N · entry + bytes / BW
-  (h2d_batch_call_us, h2d_batch_entry_us; §3.3: the batched per-entry cost is ~0.47–0.65 of a lone copy's).
+  (h2d_batch_call_us, h2d_batch_entry_us; §3.3: 2.23–2.53 µs per entry on H100, torchcomms PR #2195).
 * ``gather_scatter`` — host gather into a pinned staging buffer, then one copy t(bytes).
 * ``streamed`` — gather-scatter in chunks of ``chunk_bytes``: the host gathers chunk j+1 while the link
   copies chunk j (the interruptible schedule). The job completes after
@@ -64,6 +67,7 @@ class LinkModel:
     def __init__(self, hardware: HardwareSpec) -> None:
         self.bps = hardware.h2d_bandwidth_gbps * 1e9
         self.t0_s = hardware.h2d_latency_us * 1e-6
+        self.call_s = hardware.h2d_call_us * 1e-6
         table = hardware.h2d_size_table
         self.log_sizes = np.log([size for size, _ in table]) if table else None
         self.table_bps = np.array([gbps * 1e9 for _, gbps in table]) if table else None
@@ -119,7 +123,7 @@ class LinkModel:
         n = np.maximum(fragments, 1)
         if io == "per_fragment":
             size = np.where(some, nbytes / n, 1.0)
-            return zero, np.where(some, fragments * self._one_copy(size), 0.0)
+            return zero, np.where(some, fragments * np.maximum(self.call_s, self._one_copy(size)), 0.0)
         if io == "batched":
             return zero, np.where(some, self.batch_call_s + n * self.batch_entry_s + nbytes / self.bps, 0.0)
         if io == "gpu_gather":

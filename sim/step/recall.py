@@ -263,7 +263,8 @@ class RecallModel:
             per_group = np.bincount(gid, weights=selected, minlength=G).astype(np.int64)
             nbytes = np.repeat((per_group * self.block_bytes_layer)[:, None], L, axis=1)
             frags = np.repeat(np.bincount(gid[selected > 0], minlength=G)[:, None], L, axis=1).astype(np.int64)
-            copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request
+            copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request,
+            copy_s = np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0)  # at least one call's cost
             contiguous = np.bincount(gid, weights=copy_s, minlength=G)
             return LayerRecall(nbytes, frags, contiguous, int(frags.sum()))
         q = self.miss_frac(selected, cold, rng, state, cache_fragments)

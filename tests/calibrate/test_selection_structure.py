@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.selection_structure import fit_structure
+from calibrate.selection_structure import fit_structure, layer_sigma
 from sim.config import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.config.loader import load_card
 from sim.step.link import LinkModel
@@ -43,6 +43,21 @@ def test_structure_fit_recovers_drift_and_fresh_block_misses(drift_sigma, fresh_
 def test_structure_fit_needs_steps_after_the_working_set():
     with pytest.raises(ValueError, match="need >= 3 steps"):
         fit_structure(_table(np.random.default_rng(0), 0.2, 0.5, steps=14), BLOCK)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.7])
+def test_layer_sigma_reproduces_the_cv_of_per_layer_misses(sigma):
+    """Misses = change × a factor correlated with the change (layers that change more miss a larger share): the
+    fitted lognormal spread, drawn independently over the same change curve, gives the measured CV back."""
+    rng = np.random.default_rng(1)
+    change = rng.uniform(0.05, 0.25, 4000)
+    factor = np.exp(sigma * rng.standard_normal(4000)) * (change / change.mean()) ** 0.5  # correlated with change
+    misses = change * factor
+    fitted = layer_sigma(misses, change)
+    redrawn = change * np.exp(fitted * rng.standard_normal(4000))
+    assert np.std(redrawn) / np.mean(redrawn) == pytest.approx(np.std(misses) / np.mean(misses), rel=0.08)
+    # the log-sd of misses / change misses the correlation and falls short
+    assert np.std(np.log(misses / change)) < fitted
 
 
 def _model(**stats):

@@ -79,8 +79,8 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
         if io == "gather_scatter":  # host gather of every fragment, then one copy (sim/step/link.py)
             gather = selected * hw.host_gather_fragment_us * 1e-6 + nbytes / (hw.host_gather_gbps_per_thread * 1e9)
             r = gather / hw.host_gather_threads + t0 + nbytes / (h2d_gbps * 1e9)
-        else:  # one copy per block
-            r = selected * t0 + nbytes / (h2d_gbps * 1e9)
+        else:  # one copy per block, each at least one call's host cost
+            r = selected * max(hw.h2d_call_us * 1e-6, t0 + nbytes / selected / (h2d_gbps * 1e9))
         # one-layer look-ahead: recall l+1 overlaps compute l (sim/step/pipeline.py)
         body = r + L * c if r <= c else L * r + c
         steps.append(overhead + body + head_s)

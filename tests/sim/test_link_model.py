@@ -16,9 +16,16 @@ def _hw(**changes) -> HardwareSpec:
 
 
 def test_per_fragment_pays_latency_per_fragment():
-    link = LinkModel(_hw(h2d_latency_us=2.0, h2d_bandwidth_gbps=50))
+    link = LinkModel(_hw(h2d_latency_us=2.0, h2d_call_us=0.0, h2d_bandwidth_gbps=50))
     n, size = 100, 8 * KIB
     assert link.fragments_s(n, size) == pytest.approx(n * 2e-6 + n * size / 50e9, rel=1e-12)
+
+
+def test_per_fragment_loop_is_bound_by_the_call_cost():
+    """A loop of small copies issues one call per h2d_call_us; large copies are bound by the link instead."""
+    link = LinkModel(_hw(h2d_latency_us=1.0, h2d_call_us=4.0, h2d_bandwidth_gbps=50))
+    assert link.fragments_s(100, 4 * KIB) == pytest.approx(100 * 4e-6, rel=1e-12)
+    assert link.fragments_s(10, 4 * MIB) == pytest.approx(10 * (1e-6 + 4 * MIB / 50e9), rel=1e-12)
 
 
 def test_coalesced_pays_latency_once():
@@ -28,10 +35,11 @@ def test_coalesced_pays_latency_once():
 
 
 def test_default_card_fragmented_recall_runs_at_a_few_gbps():
-    """docs/sources.md §1/§3.3: ~8 KB head-wise transfers reach ~6 GB/s on a 25-55 GB/s link."""
+    """docs/sources.md §3.3: per-block memcpy of 4-32 token head blocks stays < 5 GB/s (SparseServe); a 3.45-3.98 µs
+    call per copy (torchcomms PR #2195) puts 8 KiB copies near 2 GB/s."""
     link = LinkModel(_hw())
     gbps = link.achieved_gbps(1000 * 8 * KIB, link.fragments_s(1000, 8 * KIB))
-    assert 3.0 < gbps < 10.0
+    assert 1.5 < gbps < 5.0
 
 
 def test_default_card_coalesced_recall_approaches_peak():
