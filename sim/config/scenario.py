@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
@@ -51,6 +52,19 @@ class RunSpec(Spec):
     layer_bin_s: PositiveFloat = 10.0  # time bin of layer_recall.csv (the layer × time heatmap)
     timeline_step: PositiveInt = 200  # timeline.csv shows the N-th decode step that recalls (else the first)
     progress: bool = True
+    # Hot loops: "auto" compiles them with numba when it is installed (the `fast` extra), "python" runs the
+    # pure-Python reference paths, "numba" requires numba (sim/step/kernels.py; tested equal to the reference).
+    kernels: Literal["auto", "python", "numba"] = "auto"
+
+    @field_validator("kernels")
+    @classmethod
+    def _numba_installed(cls, value: str) -> str:
+        if value == "numba" and importlib.util.find_spec("numba") is None:
+            raise ValueError(
+                "'numba' needs the numba package, which is not installed: pip install 'pulseinfer[fast]', "
+                "or use 'auto' (numba when installed) or 'python'"
+            )
+        return value
 
 
 class Scenario(Spec):

@@ -198,10 +198,8 @@ class OffloadServing(Policy):
             item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, self.params.chunk_bytes)
         elif self.params.io == "gpu_gather":
             cost.compute_s = self._sm_shared(cost.compute_s, item_copy.tolist(), lookahead)
-        parts = [item_bytes, item_s, item_copy, item_gather]
-        prefetch = list(zip(*(((1 - f) * p).tolist() for p in parts)))  # Python floats: the hot path
-        correction = list(zip(*((f * p).tolist() for p in parts)))
-        cost.interrupt = InterruptPlan(prefetch, correction, lookahead, self.params.chunk_bytes)
+        parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=1)  # float64 [items, 4]
+        cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, self.params.chunk_bytes)
         return cost
 
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:

@@ -94,7 +94,7 @@ class Replica:
             prefix,
         )
         self.kv.clock = lambda: env.now
-        self.devices = StepDevices(env, scenario.run.layer_model == "events", hw)
+        self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)

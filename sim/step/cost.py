@@ -12,8 +12,8 @@ import numpy as np
 class InterruptPlan:
     """Recall jobs of an interruptibly scheduled step, per GPU work item (sim/step/interrupt.py)."""
 
-    prefetch: list[tuple[float, ...]]  # (bytes, link-held seconds, copy seconds, gather seconds) per item
-    correction: list[tuple[float, ...]]  # urgent part, per item
+    prefetch: np.ndarray  # float64 [items, 4]: bytes, link-held seconds, copy seconds, gather seconds per item
+    correction: np.ndarray  # float64 [items, 4], the urgent part
     lookahead_items: int
     chunk_bytes: int
 

@@ -21,8 +21,10 @@ longer (sim/step/link.py). For a streamed gather-scatter job only its copy share
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Generator
 
+import numpy as np
 import simpy
 
 from sim.config import HardwareSpec
@@ -42,9 +44,17 @@ class StepDevices:
         hardware: the card (D2H bandwidth and coupling); None models no D2H traffic.
     """
 
-    def __init__(self, env: simpy.Environment, layer_events: bool, hardware: HardwareSpec | None = None) -> None:
+    def __init__(
+        self, env: simpy.Environment, layer_events: bool, hardware: HardwareSpec | None = None, kernels: str = "auto"
+    ) -> None:
         self.env = env
         self.layer_events = layer_events
+        # compiled interruptible pipeline (sim/step/kernels.py) unless "python" or numba is missing
+        self.interruptible_fast = None
+        if kernels != "python" and importlib.util.find_spec("numba") is not None:
+            from sim.step.kernels import interruptible_arrays  # imports numba: only when used
+
+            self.interruptible_fast = interruptible_arrays
         self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (copy engines per direction)
         self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
         self.host_gather = simpy.Resource(env, capacity=1)  # the gather threads, one layer at a time
@@ -103,10 +113,16 @@ def run_step(
     recall_s = cost.recall_s if slow == 1.0 or cost.recall_s is None else [r * slow for r in cost.recall_s]
     if cost.interrupt is not None:
         plan = _stretched(cost.interrupt, slow)
-        timing = run_interruptible(
-            start + overhead_s, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
-            plan.chunk_bytes, devices.link_free_s, intervals,
-        )  # fmt: skip
+        if devices.interruptible_fast is not None and intervals is None:
+            timing = devices.interruptible_fast(
+                start + overhead_s, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
+                plan.chunk_bytes, devices.link_free_s,
+            )  # fmt: skip
+        else:  # the pure-Python reference (it also records the timeline's intervals)
+            timing = run_interruptible(
+                start + overhead_s, cost.compute_s, plan.prefetch.tolist(), plan.correction.tolist(),
+                plan.lookahead_items, plan.chunk_bytes, devices.link_free_s, intervals,
+            )  # fmt: skip
     elif devices.layer_events:
         yield env.timeout(overhead_s)
         timing = yield env.process(
@@ -124,17 +140,16 @@ def run_step(
 
 
 def _stretched(plan: InterruptPlan, slow: float) -> InterruptPlan:
-    """The plan with each job's copy share ``slow`` times longer (its service grows by the extra copy time)."""
+    """The plan with each job's copy share ``slow`` times longer (its service grows by the extra copy time);
+    jobs with no service are left as they are."""
     if slow == 1.0:
         return plan
 
-    def stretch(jobs: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
-        out = []
-        for job in jobs:
-            copy = job[2] if len(job) > 2 else job[1]
-            extra = copy * (slow - 1.0)
-            gather = job[3] if len(job) > 3 else 0.0
-            out.append((job[0], job[1] + extra, copy + extra, gather) if job[1] > 0 else job)
+    def stretch(jobs: np.ndarray) -> np.ndarray:
+        out = jobs.copy()
+        extra = np.where(jobs[:, 1] > 0, jobs[:, 2] * (slow - 1.0), 0.0)
+        out[:, 1] += extra
+        out[:, 2] += extra
         return out
 
     return InterruptPlan(stretch(plan.prefetch), stretch(plan.correction), plan.lookahead_items, plan.chunk_bytes)
