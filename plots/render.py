@@ -18,6 +18,7 @@ from plots.ablation import ablation_bars
 from plots.latency import tpot_cdf, ttft_cdf
 from plots.recall import layer_recall_heatmap, recall_per_step
 from plots.style import MissingData
+from plots.tables import read_table, table_path
 from plots.timeline import layer_pipeline_gantt
 from plots.timeseries import link_utilisation, memory_over_time, throughput_over_time
 
@@ -101,20 +102,20 @@ def plot_results(
 
 
 class _TableCache:
-    """Reads each CSV once; a missing or unreadable one raises MissingData for the figure that asked."""
+    """Reads each table once (``name.csv`` or its ``.parquet``, plots.tables); a missing or unreadable one raises
+    MissingData for the figure that asked."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self._tables = folder, {}
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         if name not in self._tables:
-            path = self.folder / name
-            if not path.is_file():
+            if table_path(self.folder, name) is None:
                 self._tables[name] = MissingData(f"{name} not in {self.folder}")
             else:
                 try:
-                    self._tables[name] = pd.read_csv(path)
-                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+                    self._tables[name] = read_table(self.folder, name)
+                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ImportError) as exc:
                     self._tables[name] = MissingData(f"cannot read {name}: {str(exc).splitlines()[0]}")
         value = self._tables[name]
         if isinstance(value, MissingData):

@@ -29,6 +29,7 @@ from sim.metrics import (
     timeline_table,
     unfinished_counts,
 )
+from sim.metrics.files import write_table
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.request import Request
 from sim.serving.sessions import SessionDriver, session_starts
@@ -53,14 +54,14 @@ RATIO_COLUMNS = {
 
 @dataclass
 class PolicyResult:
-    """Tables of one policy's run."""
+    """Tables of one policy's run; with ``run.tables: summary`` only ``requests`` and ``summary`` (others None)."""
 
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | None
     summary: dict
-    layers: pd.DataFrame  # per layer totals: recall bytes, fragments, stall
-    layer_recall: pd.DataFrame  # recall bytes per (time bin, layer)
-    timeline: pd.DataFrame  # intervals of one decode step that recalls
+    layers: pd.DataFrame | None  # per layer totals: recall bytes, fragments, stall
+    layer_recall: pd.DataFrame | None  # recall bytes per (time bin, layer)
+    timeline: pd.DataFrame | None  # intervals of one decode step that recalls
 
 
 @dataclass
@@ -76,17 +77,30 @@ class SimResult:
         """One row per policy, columns :data:`sim.metrics.SUMMARY_COLUMNS`."""
         return pd.DataFrame([r.summary for r in self.policies.values()], columns=SUMMARY_COLUMNS)
 
-    def write(self, out_dir: Path) -> None:
-        """Write summary.csv, then requests/steps/layers/layer_recall.csv (with a ``policy`` column) and
-        scenario.yaml."""
+    def write(self, out_dir: Path) -> list[str]:
+        """Write summary.csv, the requests/steps/layers/layer_recall/timeline tables (with a ``policy`` column;
+        ``.parquet`` or ``.csv`` per ``run.table_format``) and scenario.yaml. With ``run.tables: summary`` only
+        summary.csv, the requests table and scenario.yaml.
+
+        Returns:
+            The names of the files written, in order.
+
+        Raises:
+            ValueError: ``run.table_format: parquet`` without pyarrow (the message names the fix).
+        """
         out_dir.mkdir(parents=True, exist_ok=True)
         self.summary.to_csv(out_dir / "summary.csv", index=False)
+        written = ["summary.csv"]
         for name, table in TABLES.items():
-            frames = [getattr(r, table).assign(policy=p) for p, r in self.policies.items()]
+            frames = [getattr(r, table) for r in self.policies.values()]
+            if any(f is None for f in frames):  # not kept (run.tables: summary)
+                continue
+            frames = [f.assign(policy=p) for f, p in zip(frames, self.policies)]
             df = pd.concat(frames, ignore_index=True)
             df = df[["policy"] + [c for c in df.columns if c != "policy"]]
-            df.to_csv(out_dir / f"{name}.csv", index=False)
+            written.append(write_table(df, out_dir, name, self.scenario.run.table_format).name)
         dump_scenario(self.scenario, out_dir / "scenario.yaml")
+        return [*written, "scenario.yaml"]
 
 
 def simulate_policy(
@@ -116,22 +130,33 @@ def simulate_policy(
     else:
         fleet.run(replica.arrivals(request_objects(workload)))
         requests = requests_table(rec.requests)
-    steps = steps_table(rec)
+    steps = steps_table(rec) if rec.keep_steps else None
     kv = replica.kv
     summary = summarize(
         policy_name, requests, steps, rec, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
         fleet.end_s(requests), kv.device.peak,
     )  # fmt: skip
+    if not rec.keep_steps:
+        return PolicyResult(requests, None, summary, None, None, None)
     return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec))
+
+
+def summary_only(scenario: Scenario) -> Scenario:
+    """The scenario with ``run.tables: summary`` (no per-step records kept; the summary is the same)."""
+    if scenario.run.tables == "summary":
+        return scenario
+    return scenario.model_copy(update={"run": scenario.run.model_copy(update={"tables": "summary"})})
 
 
 def policy_summary(scenario: Scenario, workload: pd.DataFrame, policy_name: str, seed_index: int = 0) -> dict:
     """One policy on one replica: :func:`simulate_policy`'s summary row plus :func:`unfinished_counts`.
 
+    Runs with ``run.tables: summary`` whatever the scenario says (only the summary is returned).
+
     Raises:
         CapacityError: if the model does not fit in HBM.
     """
-    result = simulate_policy(scenario, workload, policy_name, seed_index=seed_index)
+    result = simulate_policy(summary_only(scenario), workload, policy_name, seed_index=seed_index)
     return {**result.summary, **unfinished_counts(result.requests)}
 
 

@@ -27,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="results folder (default: results/<scenario name>)")
     add_overrides(p, "workload.time_scale=0.5 --set policies=sglang,pulseinfer")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="keep no per-step records and write only summary.csv, the requests table and scenario.yaml "
+        "(sets run.tables=summary; the summary is the same)",
+    )
     p.add_argument("--plots", action="store_true", help="draw the figures into OUT/plots after the run")
     plot.add_format_arguments(p)
     return p
@@ -39,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from traces import trace_notes
 
     formats = plot.check_format_arguments(args) if args.plots else ()
-    scenario = load_scenario(args.scenario, args.overrides)
+    overrides = [*args.overrides, "run.tables=summary"] if args.summary_only else args.overrides
+    scenario = load_scenario(args.scenario, overrides)
     out = args.out or Path("results") / scenario.name
     started = time.perf_counter()
     figures = []
@@ -47,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         with TaskBars("req", hidden=args.no_progress or not scenario.run.progress) as progress:
             result = simulate(scenario, progress=progress)
         wall_s = time.perf_counter() - started
-        result.write(stage)
+        written = result.write(stage)
         if formats:
             from plots.render import plot_results
 
@@ -58,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     for note in trace_notes(result.workload):
         print(f"  workload: {note}")
     print(format_summary(with_ratios(result.summary)))
-    print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ (summary.csv, requests.csv, steps.csv, scenario.yaml)")
+    print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ ({', '.join(written)})")
     if formats:
         print(f"{len(figures)} figure file(s) in {out / 'plots'}/")
     return 0

@@ -10,6 +10,7 @@ file, line and column.
 
 from __future__ import annotations
 
+import importlib.util
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,28 @@ POLICY_KINDS = ("dense", "offload")  # pydantic's discriminator tags, hidden fro
 
 class ScenarioError(ValueError):
     """Bad scenario input: unknown key, wrong value, missing file. The message is one line."""
+
+
+PARQUET_INSTALL = "pip install 'pulseinfer[parquet]'"
+
+
+def has_pyarrow() -> bool:
+    """Whether ``pyarrow`` (the ``parquet`` extra) is installed (found, not imported: cheap)."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def table_format_problem(table_format: str) -> str | None:
+    """Why ``run.table_format`` cannot be used here (``parquet`` without pyarrow), or None."""
+    if table_format == "parquet" and not has_pyarrow():
+        return f"parquet needs pyarrow, which is not installed: {PARQUET_INSTALL} (or set run.table_format=csv or auto)"
+    return None
+
+
+def resolve_table_format(table_format: str) -> str:
+    """``csv`` or ``parquet`` for a ``run.table_format`` value (``auto``: parquet when pyarrow is installed)."""
+    if table_format == "auto":
+        return "parquet" if has_pyarrow() else "csv"
+    return table_format
 
 
 def scenarios_dir() -> Path:

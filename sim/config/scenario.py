@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
+from sim.config.files import table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.parallel import shard_error
 from sim.config.policy import PolicySpec
@@ -44,7 +45,15 @@ class ServingSpec(Spec):
 
 
 class RunSpec(Spec):
-    """How to run the simulation (not what is simulated)."""
+    """How to run the simulation (not what is simulated).
+
+    ``tables``: ``all`` keeps and writes every table; ``summary`` keeps no per-step rows, per-layer records or
+    timeline at all (the summary comes from the recorder's running totals, the same numbers) and writes only
+    summary.csv, the requests table and scenario.yaml (``pulseinfer simulate --summary-only``; sweeps, searches
+    and plans run their points this way). ``table_format``: file format of the requests/steps/layer tables
+    (summary.csv is always CSV); ``auto`` = Parquet when ``pyarrow`` imports, else CSV; ``parquet`` needs
+    ``pyarrow`` (``pip install 'pulseinfer[parquet]'``).
+    """
 
     layer_model: Literal["closed_form", "events"] = "closed_form"
     horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
@@ -65,6 +74,17 @@ class RunSpec(Spec):
                 "or use 'auto' (numba when installed) or 'python'"
             )
         return value
+
+    tables: Literal["all", "summary"] = "all"
+    table_format: Literal["auto", "csv", "parquet"] = "auto"
+
+    @field_validator("table_format")
+    @classmethod
+    def _parquet_needs_pyarrow(cls, table_format: str) -> str:
+        problem = table_format_problem(table_format)
+        if problem:
+            raise ValueError(problem)
+        return table_format
 
 
 class Scenario(Spec):

@@ -8,6 +8,7 @@ from sim.metrics.tables import (
     SUMMARY_COLUMNS,
     TIMELINE_COLUMNS,
     Recorder,
+    StepTotals,
     layer_recall_table,
     layers_table,
     meets_slo,
@@ -20,6 +21,6 @@ from sim.metrics.tables import (
 
 __all__ = [
     "LAYER_COLUMNS", "LAYER_RECALL_COLUMNS", "REQUEST_COLUMNS", "STEP_COLUMNS", "SUMMARY_COLUMNS", "TIMELINE_COLUMNS",
-    "Recorder", "layer_recall_table", "layers_table", "meets_slo", "requests_table", "steps_table", "summarize",
-    "timeline_table", "unfinished_counts",
+    "Recorder", "StepTotals", "layer_recall_table", "layers_table", "meets_slo", "requests_table", "steps_table",
+    "summarize", "timeline_table", "unfinished_counts",
 ]  # fmt: skip

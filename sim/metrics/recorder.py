@@ -1,17 +1,77 @@
-"""Append-only records of one policy's run (SimPy monitoring style: tuples into lists, tables at the end).
+"""Append-only records of one policy's run (SimPy monitoring style: values into columns, tables at the end).
 
 The replica hands the recorder each prefill forward and decode step (:meth:`Recorder.record_step`), each
 recalling step's per-layer recall and stall (:meth:`Recorder.add_layers`) and the intervals of one chosen
 recalling step (``run.timeline_step``; :meth:`Recorder.timeline_buffer`); requests are appended when done.
+
+Step rows are stored as one typed ``array.array`` per column (8 bytes a value, one C append each), turned into
+numpy arrays by :meth:`Recorder.step_columns`; no per-row Python object is kept. What the summary needs of
+the steps (:class:`StepTotals`) is kept for every run; with ``keep_steps=False`` (``run.tables: summary``) it is
+all that is kept: no step rows, per-layer records or timeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from sim.step.cost import StepCost
+
+# Step-table columns after ``step_id`` (implicit: 0, 1, ...) with their array typecodes: q = int64, d = float64,
+# b = int8 (phase: 1 decode, 0 prefill). Order = sim.metrics.tables.STEP_COLUMNS[1:].
+STEP_TYPECODES = {
+    "phase": "b", "start_s": "d", "duration_s": "d", "batch_size": "q", "num_offloaded": "q", "prefill_tokens": "q",
+    "attended_tokens": "q", "recall_bytes": "q", "num_fragments": "q", "num_transfers": "q", "stall_s": "d",
+    "link_busy_s": "d", "gather_busy_s": "d", "kv_used_blocks": "q", "hbm_used_bytes": "q", "host_used_bytes": "q",
+    "selected_fragments": "q",
+}  # fmt: skip
+
+
+@dataclass
+class StepTotals:
+    """What :func:`sim.metrics.tables.summarize` needs of the step table, kept as the steps are recorded.
+
+    Counts, integer sums and the peak are running aggregates. The three float sums (decode time, prefill time,
+    decode stall) keep their terms as compact float64 arrays (8 bytes a step) and are summed at the end with
+    numpy, as pandas sums the step table's columns, so the summary is the same bit for bit either way (a
+    running Python sum would differ in the last bits).
+    """
+
+    num_steps: int = 0
+    decode_steps: int = 0
+    decode_recall_bytes: int = 0
+    decode_fragments: int = 0
+    decode_selected_fragments: int = 0
+    decode_batch_sum: int = 0
+    peak_kv_used_blocks: int = 0  # over every step, prefill included
+    decode_durations_s: array = field(default_factory=lambda: array("d"))
+    decode_stalls_s: array = field(default_factory=lambda: array("d"))
+    prefill_durations_s: array = field(default_factory=lambda: array("d"))
+
+    @property
+    def decode_time_s(self) -> float:
+        return _sum(self.decode_durations_s)
+
+    @property
+    def prefill_time_s(self) -> float:
+        return _sum(self.prefill_durations_s)
+
+    @property
+    def decode_stall_s(self) -> float:
+        return _sum(self.decode_stalls_s)
+
+    def merged(self, other: StepTotals) -> StepTotals:
+        """Totals over two recorders (a cluster's replicas, ``self``'s steps first): sums, and the larger peak."""
+        out = StepTotals(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        out.peak_kv_used_blocks = max(self.peak_kv_used_blocks, other.peak_kv_used_blocks)
+        return out
+
+
+def _sum(values: array) -> float:
+    """numpy's (pairwise) sum of a float64 array, as pandas sums a column; 0.0 when empty."""
+    return float(np.frombuffer(values, dtype=np.float64).sum()) if len(values) else 0.0
 
 
 @dataclass
@@ -19,13 +79,15 @@ class Recorder:
     """Append-only records of one policy's run; turned into tables once, at the end.
 
     Per-layer recall is kept two ways: totals over the run (``layers.csv``) and per time bin of
-    ``layer_bin_s`` seconds (``layer_recall.csv``, the layer × time heatmap).
+    ``layer_bin_s`` seconds (``layer_recall.csv``, the layer × time heatmap). ``keep_steps=False`` keeps only
+    :attr:`totals` (no step rows, per-layer records or timeline), for runs that need only the summary.
     """
 
     num_layers: int
     layer_bin_s: float = 10.0
     timeline_step: int = 200  # keep the intervals of this recalling decode step (else of the first)
-    steps: list[tuple] = field(default_factory=list)
+    keep_steps: bool = True
+    totals: StepTotals = field(default_factory=StepTotals)
     requests: list = field(default_factory=list)  # sim.serving.request.Request objects, finished or rejected
     link_busy_s: float = 0.0  # H2D copy time (or GPU gather kernel time), never host gather
     gather_busy_s: float = 0.0  # host-gather time of recalls
@@ -43,6 +105,22 @@ class Recorder:
         self.layer_bytes = np.zeros(self.num_layers, dtype=np.int64)
         self.layer_fragments = np.zeros(self.num_layers, dtype=np.int64)
         self.layer_stall_s = np.zeros(self.num_layers)
+        self._columns = {name: array(code) for name, code in STEP_TYPECODES.items()}
+        self._appends = tuple(a.append for a in self._columns.values())
+
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """The step rows as numpy arrays (copies: the stored columns keep growing), ``step_id`` first.
+
+        Raises:
+            ValueError: the recorder keeps no step rows (``keep_steps=False``).
+        """
+        if not self.keep_steps:
+            raise ValueError("this recorder keeps no step rows (run.tables: summary)")
+        out = {"step_id": np.arange(self.totals.num_steps, dtype=np.int64)}
+        for name, column in self._columns.items():
+            dtype = {"q": np.int64, "d": np.float64, "b": np.int8}[column.typecode]
+            out[name] = np.frombuffer(column, dtype=dtype).copy() if len(column) else np.empty(0, dtype=dtype)
+        return out
 
     def add_layers(
         self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float], end_s: float | None = None
@@ -51,7 +129,10 @@ class Recorder:
 
         The step ran from ``time_s`` to ``end_s`` (None: an instant); its bytes are spread over the time bins
         it spans in proportion to its overlap with each, so a bin never books more than the link moved in it.
+        Nothing is kept with ``keep_steps=False``.
         """
+        if not self.keep_steps:
+            return
         self.layer_bytes += nbytes
         self.layer_fragments += fragments
         self.layer_stall_s += stall_s
@@ -73,7 +154,7 @@ class Recorder:
     @property
     def next_step_id(self) -> int:
         """Id the next recorded step gets (steps are numbered in recording order from 0)."""
-        return len(self.steps)
+        return self.totals.num_steps
 
     def timeline_buffer(self) -> list[tuple] | None:
         """Called once per recalling decode step: a list to collect its intervals if it is the step the timeline
@@ -95,23 +176,58 @@ class Recorder:
         kv_state: tuple[int, int, int],
         gather_busy_s: float = 0.0,
     ) -> None:
-        """Append one row of the step table (``sim.metrics.tables.STEP_COLUMNS``).
+        """Append one row of the step table (``sim.metrics.tables.STEP_COLUMNS``) and update :attr:`totals`.
 
         Args:
             phase: ``"prefill"`` or ``"decode"``.
             cost: the decode step's cost (attended tokens, recall bytes, fragments, transfers), None for prefill.
             kv_state: (device blocks used, HBM bytes used, host bytes used) after the step.
             gather_busy_s: host-gather seconds of the step's recalls.
+
+        Raises:
+            TypeError: a count is not an integer (the int64 columns refuse floats rather than truncate them).
         """
         attended = recall_bytes = fragments = transfers = selected = 0
         if cost is not None:
             attended, recall_bytes = cost.attended_tokens, cost.recall_bytes
             fragments, transfers, selected = cost.num_fragments, cost.num_transfers, cost.selected_fragments
         blocks_used, hbm_bytes, host_bytes = kv_state
-        self.steps.append(
-            (
-                len(self.steps), phase, start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens,
-                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, gather_busy_s, blocks_used,
-                hbm_bytes, host_bytes, selected,
-            )
-        )  # fmt: skip
+        duration_s = end_s - start_s
+        decode = phase == "decode"
+        t = self.totals
+        t.num_steps += 1
+        if decode:
+            t.decode_steps += 1
+            t.decode_durations_s.append(duration_s)
+            t.decode_stalls_s.append(stall_s)
+            t.decode_recall_bytes += recall_bytes
+            t.decode_fragments += fragments
+            t.decode_selected_fragments += selected
+            t.decode_batch_sum += batch_size
+        else:
+            t.prefill_durations_s.append(duration_s)
+        if blocks_used > t.peak_kv_used_blocks:
+            t.peak_kv_used_blocks = blocks_used
+        if not self.keep_steps:
+            return
+        (
+            a_phase, a_start, a_duration, a_batch, a_offloaded, a_prefill, a_attended, a_recall, a_fragments,
+            a_transfers, a_stall, a_link, a_gather, a_blocks, a_hbm, a_host, a_selected,
+        ) = self._appends  # fmt: skip
+        a_phase(decode)
+        a_start(start_s)
+        a_duration(duration_s)
+        a_batch(batch_size)
+        a_offloaded(num_offloaded)
+        a_prefill(prefill_tokens)
+        a_attended(attended)
+        a_recall(recall_bytes)
+        a_fragments(fragments)
+        a_transfers(transfers)
+        a_stall(stall_s)
+        a_link(link_busy_s)
+        a_gather(gather_busy_s)
+        a_blocks(blocks_used)
+        a_hbm(hbm_bytes)
+        a_host(host_bytes)
+        a_selected(selected)

@@ -28,11 +28,13 @@ Definitions :
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pandas as pd
 
 from sim.config import GIB, SloSpec
-from sim.metrics.recorder import Recorder
+from sim.metrics.recorder import Recorder, StepTotals
 from sim.serving.request import INCOMPLETE_REASONS
 
 STEP_COLUMNS = [
@@ -114,8 +116,14 @@ def requests_table(reqs: list) -> pd.DataFrame:
 
 
 def steps_table(rec: Recorder) -> pd.DataFrame:
-    """Per-step table (prefill forwards and decode steps in time order)."""
-    return pd.DataFrame(rec.steps, columns=STEP_COLUMNS)
+    """Per-step table (prefill forwards and decode steps in time order), built from the recorder's column arrays.
+
+    Raises:
+        ValueError: the recorder keeps no step rows (``run.tables: summary``).
+    """
+    columns = rec.step_columns()
+    phase = np.array(["prefill", "decode"], dtype=object)[columns["phase"]]
+    return pd.DataFrame({**columns, "phase": phase}, columns=STEP_COLUMNS)
 
 
 def meets_slo(requests: pd.DataFrame, slo: SloSpec) -> pd.Series:
@@ -131,7 +139,7 @@ def meets_slo(requests: pd.DataFrame, slo: SloSpec) -> pd.Series:
 def summarize(
     policy: str,
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | None,
     rec: Recorder,
     slo: SloSpec,
     fixed_hbm_bytes: int,
@@ -142,6 +150,8 @@ def summarize(
     """One summary row (a dict with :data:`SUMMARY_COLUMNS` keys) for one policy's run.
 
     Args:
+        steps: the step table, or None to use what the recorder kept of the steps (``rec.totals``; the
+            summary is the same bit for bit, :class:`sim.metrics.recorder.StepTotals`).
         end_s: when the run ended (last finish, or the horizon).
         fixed_hbm_bytes: weights + reserve; block_bytes: bytes of one device-pool block.
         peak_blocks: the device pool's peak use (``Pool.peak``), in blocks.
@@ -150,9 +160,8 @@ def summarize(
     duration = max(end_s - start_s, 1e-12)
     done = requests[requests["finished"]]
     tpot = done["tpot_s"].dropna()
-    decode = steps[steps["phase"] == "decode"]
-    decode_time = float(decode["duration_s"].sum())
-    prefill_time = float(steps.loc[steps["phase"] == "prefill", "duration_s"].sum())
+    t = step_totals(steps) if steps is not None else rec.totals
+    decode_time, prefill_time, n = t.decode_time_s, t.prefill_time_s, t.decode_steps
 
     def pct(s: pd.Series, q: float) -> float:
         return float(np.percentile(s, q)) if len(s) else np.nan
@@ -168,22 +177,40 @@ def summarize(
         "ttft_p50_s": pct(done["ttft_s"].dropna(), 50),
         "ttft_p99_s": pct(done["ttft_s"].dropna(), 99),
         "goodput_requests_per_s": float(meets_slo(requests, slo).sum()) / duration,
-        "mean_batch": float(decode["batch_size"].mean()) if len(decode) else 0.0,
+        "mean_batch": t.decode_batch_sum / n if n else 0.0,
         "link_busy_frac": rec.link_busy_s / duration,
-        "peak_hbm_gib": (fixed_hbm_bytes + int(steps["kv_used_blocks"].max() if len(steps) else 0) * block_bytes) / GIB,
-        "stall_frac": float(decode["stall_s"].sum()) / decode_time if decode_time else 0.0,
+        "peak_hbm_gib": (fixed_hbm_bytes + t.peak_kv_used_blocks * block_bytes) / GIB,
+        "stall_frac": t.decode_stall_s / decode_time if decode_time else 0.0,
         "offloaded_frac": float(requests["offloaded"].mean()) if len(requests) else 0.0,
         "num_preemptions": rec.num_preemptions,
         "prefill_busy_frac": prefill_time / duration,
         "duration_s": duration,
-        "recall_gb_per_step": float(decode["recall_bytes"].mean()) / 1e9 if len(decode) else 0.0,
-        "fragments_per_step": float(decode["num_fragments"].mean()) if len(decode) else 0.0,
-        "link_gbps_achieved": float(decode["recall_bytes"].sum()) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
-        "recall_miss_frac": _ratio(decode["num_fragments"].sum(), decode["selected_fragments"].sum()),
+        "recall_gb_per_step": float(t.decode_recall_bytes) / n / 1e9 if n else 0.0,
+        "fragments_per_step": float(t.decode_fragments) / n if n else 0.0,
+        "link_gbps_achieved": float(t.decode_recall_bytes) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
+        "recall_miss_frac": _ratio(t.decode_fragments, t.decode_selected_fragments),
         "gather_busy_frac": rec.gather_busy_s / duration,
         "d2h_busy_frac": rec.d2h_busy_s / duration,
         **_client_view(requests, done, pct),
     }
+
+
+def step_totals(steps: pd.DataFrame) -> StepTotals:
+    """:class:`StepTotals` of a step table (the same figures the recorder keeps while it records the steps)."""
+    decode = steps[steps["phase"] == "decode"]
+    prefill = steps[steps["phase"] == "prefill"]
+    return StepTotals(
+        num_steps=len(steps),
+        decode_steps=len(decode),
+        decode_recall_bytes=int(decode["recall_bytes"].sum()),
+        decode_fragments=int(decode["num_fragments"].sum()),
+        decode_selected_fragments=int(decode["selected_fragments"].sum()),
+        decode_batch_sum=int(decode["batch_size"].sum()),
+        peak_kv_used_blocks=int(steps["kv_used_blocks"].max()) if len(steps) else 0,
+        decode_durations_s=array("d", decode["duration_s"].to_numpy(dtype=np.float64).tobytes()),
+        decode_stalls_s=array("d", decode["stall_s"].to_numpy(dtype=np.float64).tobytes()),
+        prefill_durations_s=array("d", prefill["duration_s"].to_numpy(dtype=np.float64).tobytes()),
+    )
 
 
 def _client_view(requests: pd.DataFrame, done: pd.DataFrame, pct) -> dict:

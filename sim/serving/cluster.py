@@ -19,6 +19,7 @@ In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import pandas as pd
 import simpy
 
 from sim.config import Scenario
-from sim.metrics import Recorder, requests_table, steps_table, summarize, unfinished_counts
+from sim.metrics import Recorder, StepTotals, requests_table, steps_table, summarize, unfinished_counts
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
 from sim.serving.request import Request
@@ -144,8 +145,10 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     scenario, recs, replicas = fleet.scenario, fleet.recorders, fleet.replicas
     tables = [requests_table(rec.requests).assign(replica=i) for i, rec in enumerate(recs)]
     requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
-    steps = pd.concat([steps_table(rec) for rec in recs], ignore_index=True)
-    merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s)
+    keep_steps = all(rec.keep_steps for rec in recs)
+    steps = pd.concat([steps_table(rec) for rec in recs], ignore_index=True) if keep_steps else None
+    merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s, keep_steps=False)
+    merged.totals = functools.reduce(StepTotals.merged, [rec.totals for rec in recs])
     merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
     merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
     merged.gather_busy_s = sum(rec.gather_busy_s for rec in recs) / len(recs)

@@ -62,7 +62,7 @@ class Fleet:
         run = scenario.run
         for i in range(num_replicas):
             rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
-            rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step)
+            rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step, run.tables == "all")
             policy = make_policy(scenario, policy_name)
             self.replicas.append(Replica(self.env, scenario, policy, rng, rec, on_finish))
             self.recorders.append(rec)

@@ -44,7 +44,7 @@ import pandas as pd
 from sim.config import load_scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.metrics import unfinished_counts
-from sim.run import simulate_policy
+from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
 from sim.study.executors import run_tasks
@@ -185,7 +185,7 @@ class CellPlanner:
     def single(self, rate: float) -> dict:
         """Summary (+ rejected, incomplete) of one replica at ``rate``."""
         if rate not in self._single:
-            scenario = self.scenario(self.cfg.max_requests, rate)
+            scenario = summary_only(self.scenario(self.cfg.max_requests, rate))  # the plan reads no step table
             result = simulate_policy(scenario, load_workload(scenario), self.policy)
             summary = {**result.summary, **unfinished_counts(result.requests)}  # as sim.run.policy_summary
             summary.update(
@@ -204,7 +204,7 @@ class CellPlanner:
         """Cluster summary of ``num_replicas`` replicas behind ``router`` at the target rate."""
         per_replica = self.cfg.max_requests
         num_requests = None if per_replica is None else per_replica * num_replicas
-        scenario = self.scenario(num_requests, self.cfg.target_rate_per_s)
+        scenario = summary_only(self.scenario(num_requests, self.cfg.target_rate_per_s))
         result = simulate_cluster(scenario, load_workload(scenario), self.policy, num_replicas, router)
         self.num_simulations += 1
         result.summary.update(

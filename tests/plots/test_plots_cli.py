@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from plots.render import FIGURES, plot_results
+from plots.tables import table_path
 from pulseinfer.cli import EXIT_BAD_INPUT, main
 
 # 20 synthetic requests with 12k-token prompts: pulseinfer offloads and recalls; a run takes well under a second.
@@ -74,7 +75,7 @@ def test_plot_defaults_to_a_plots_folder_inside_the_results(results, tmp_path):
 
 def test_folder_missing_a_table_skips_its_figures_with_a_note(results, tmp_path, capsys):
     copy = shutil.copytree(results, tmp_path / "copy")
-    (copy / "steps.csv").unlink()
+    table_path(copy, "steps").unlink()  # steps.csv or steps.parquet
     (copy / "summary.csv").write_text("")  # empty: unreadable, skipped too
     capsys.readouterr()
     assert main(["plot", str(copy), "--out", str(tmp_path / "figs")]) == 0

@@ -13,10 +13,10 @@ import io
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from plots.tables import read_table
 from pulseinfer.cli import main
 from sim.config import GIB, load_scenario
 
@@ -89,7 +89,7 @@ def scenarios(draw) -> list[str]:
 
 def _check_invariants(out: Path, overrides: list[str]) -> None:
     scenario = load_scenario(out / "scenario.yaml")
-    requests, steps = pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv")
+    requests, steps = read_table(out, "requests"), read_table(out, "steps")  # csv or parquet (run.table_format)
     arrived = scenario.workload.synthetic.num_requests
     for policy in scenario.policies:
         mine = requests[requests["policy"] == policy]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from plots.tables import read_table
 from sim.config import ScenarioError, load_scenario
 from sim.run import simulate
 from sim.serving.sessions import session_starts
@@ -49,7 +50,7 @@ def test_second_request_is_issued_at_first_finish_plus_think_time(tmp_path, pref
     trace = _sessions(tmp_path / "s", [_req(0.0, 4000, 30, 0.0), _req(40.0, 4500, 20, 2.5)])
     result = simulate(_scenario(trace, f"serving.prefill={prefill}"))
     result.write(tmp_path / "out")
-    requests = pd.read_csv(tmp_path / "out" / "requests.csv").set_index("request_id")
+    requests = read_table(tmp_path / "out", "requests").set_index("request_id")
     assert requests.loc[0, "arrival_s"] == 0.0
     assert requests.loc[0, "finish_s"] > 0.0
     assert requests.loc[1, "arrival_s"] == requests.loc[0, "finish_s"] + 2.5

@@ -1,0 +1,37 @@
+"""Writing a run's tables: CSV or Parquet (``run.table_format``), one file per table.
+
+A table ``name`` is written as ``name.csv`` or ``name.parquet`` (never both); ``plots.tables.read_table`` reads
+either back (plots must not import the simulator, so the reader lives there). summary.csv is always CSV.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from sim.config.files import PARQUET_INSTALL, has_pyarrow, resolve_table_format
+
+SUFFIXES = {"csv": ".csv", "parquet": ".parquet"}
+
+
+def write_table(df: pd.DataFrame, out_dir: Path, name: str, table_format: str) -> Path:
+    """Write ``df`` as ``out_dir/name.csv`` or ``name.parquet`` (``table_format``: auto, csv or parquet).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: ``parquet`` without pyarrow installed (the message names the fix), or an unknown format.
+    """
+    fmt = resolve_table_format(table_format)
+    if fmt not in SUFFIXES:
+        raise ValueError(f"run.table_format: unknown {table_format!r} (known: auto, {', '.join(SUFFIXES)})")
+    path = out_dir / f"{name}{SUFFIXES[fmt]}"
+    if fmt == "parquet":
+        if not has_pyarrow():
+            raise ValueError(f"run.table_format: parquet needs pyarrow, which is not installed: {PARQUET_INSTALL}")
+        df.to_parquet(path, index=False, engine="pyarrow")
+    else:
+        df.to_csv(path, index=False)
+    return path

@@ -1,0 +1,203 @@
+"""Output at the size of the question (issue 19): the column recorder, ``run.tables: summary`` and
+``run.table_format`` (CSV / Parquet).
+
+- The step table built from the recorder's column arrays equals the previous implementation's (one tuple per
+  step, ``pd.DataFrame(rows, columns=STEP_COLUMNS)``), kept here as the reference builder, on a run of every
+  policy kind (prefill and decode steps, offloaded requests, recalls).
+- ``run.tables: summary`` keeps no step rows, yet gives the same summary bit for bit and the same requests
+  table, for single runs and for a cluster; it writes only summary.csv, the requests table and scenario.yaml.
+- Parquet round trip (skipped without pyarrow); ``parquet`` without pyarrow is one error naming the field, the
+  value and the fix; ``auto`` picks Parquet exactly when pyarrow is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from plots.tables import read_table, table_path
+from pulseinfer.cli import EXIT_BAD_INPUT, main
+from sim.config import ScenarioError, load_scenario
+from sim.config.files import resolve_table_format
+from sim.metrics import STEP_COLUMNS, Recorder
+from sim.run import simulate, simulate_policy
+from sim.serving.cluster import simulate_cluster
+from sim.workload import load_workload
+
+# 30 Mooncake requests, colocated prefill (prefill and decode rows), every policy kind of the default scenario.
+SMALL = ["workload.max_requests=30", "serving.prefill=colocated", "run.progress=false"]
+
+
+def _reference_record_step(rows: list):
+    """The previous ``Recorder.record_step``: one tuple per step, appended to ``rows``."""
+
+    def record(self, phase, start_s, end_s, batch_size, num_offloaded, prefill_tokens, cost, stall_s, link_busy_s,
+               kv_state, gather_busy_s=0.0):  # fmt: skip
+        attended = recall_bytes = fragments = transfers = selected = 0
+        if cost is not None:
+            attended, recall_bytes = cost.attended_tokens, cost.recall_bytes
+            fragments, transfers, selected = cost.num_fragments, cost.num_transfers, cost.selected_fragments
+        blocks_used, hbm_bytes, host_bytes = kv_state
+        rows.append(
+            (
+                len(rows), phase, start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens,
+                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, gather_busy_s, blocks_used,
+                hbm_bytes, host_bytes, selected,
+            )
+        )  # fmt: skip
+
+    return record
+
+
+@pytest.fixture(scope="module")
+def full_and_summary():
+    """The small scenario simulated with every table and with ``run.tables: summary``."""
+    full = simulate(load_scenario("default", SMALL))
+    only = simulate(load_scenario("default", [*SMALL, "run.tables=summary"]))
+    return full, only
+
+
+def test_step_table_from_columns_equals_the_tuple_builder(monkeypatch):
+    scenario = load_scenario("default", SMALL)
+    workload = load_workload(scenario)
+    original = Recorder.record_step
+    for i, policy in enumerate(scenario.policies):
+        rows: list[tuple] = []
+        reference = _reference_record_step(rows)
+
+        def both(self, *args, _reference=reference, **kwargs):
+            _reference(self, *args, **kwargs)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Recorder, "record_step", both)
+        steps = simulate_policy(scenario, workload, policy, seed_index=i).steps
+        expected = pd.DataFrame(rows, columns=STEP_COLUMNS)
+        assert set(steps["phase"]) == {"prefill", "decode"}
+        pd.testing.assert_frame_equal(steps, expected, check_exact=True)  # values and dtypes
+    assert (steps["recall_bytes"] > 0).any()  # the last policy (pulseinfer) recalled
+
+
+def test_summary_only_gives_the_same_summary_and_requests(full_and_summary):
+    full, only = full_and_summary
+    pd.testing.assert_frame_equal(full.summary, only.summary, check_exact=True)
+    assert (full.summary["offloaded_frac"] > 0).any() and (full.summary["recall_gb_per_step"] > 0).any()
+    for name, res in full.policies.items():
+        pd.testing.assert_frame_equal(res.requests, only.policies[name].requests, check_exact=True)
+        other = only.policies[name]
+        assert other.steps is None and other.layers is None and other.layer_recall is None and other.timeline is None
+
+
+def test_summary_only_recorder_keeps_no_step_rows():
+    scenario = load_scenario("default", [*SMALL, "run.tables=summary", "policies=pulseinfer"])
+    rec = Recorder(scenario.model.num_layers, keep_steps=False)
+    rec.record_step("prefill", 0.0, 1.0, 1, 0, 100, None, 0.0, 0.0, (5, 10, 0))
+    rec.record_step("decode", 1.0, 1.5, 2, 1, 0, None, 0.25, 0.0, (7, 10, 0))
+    assert rec.totals.num_steps == 2 and rec.totals.peak_kv_used_blocks == 7
+    assert rec.totals.decode_time_s == 0.5 and rec.totals.prefill_time_s == 1.0 and rec.totals.decode_stall_s == 0.25
+    assert all(len(column) == 0 for column in rec._columns.values())
+    with pytest.raises(ValueError, match="keeps no step rows"):
+        rec.step_columns()
+
+
+def test_cluster_summary_is_the_same_in_both_modes():
+    scenario = load_scenario("default", [*SMALL, "policies=pulseinfer"])
+    only = load_scenario("default", [*SMALL, "policies=pulseinfer", "run.tables=summary"])
+    a = simulate_cluster(scenario, load_workload(scenario), "pulseinfer", 2, "least_tokens")
+    b = simulate_cluster(only, load_workload(only), "pulseinfer", 2, "least_tokens")
+    assert a.summary.keys() == b.summary.keys()
+    for key, value in a.summary.items():
+        assert value == b.summary[key] or (np.isnan(value) and np.isnan(b.summary[key])), key
+
+
+def test_summary_only_writes_summary_requests_and_scenario(full_and_summary, tmp_path):
+    _, only = full_and_summary
+    written = only.write(tmp_path)
+    table = "requests.parquet" if importlib.util.find_spec("pyarrow") else "requests.csv"
+    assert written == ["summary.csv", table, "scenario.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
+    assert load_scenario(tmp_path / "scenario.yaml").run.tables == "summary"
+
+
+def test_csv_tables_read_back(full_and_summary, tmp_path):
+    full, _ = full_and_summary
+    scenario = full.scenario.model_copy(update={"run": full.scenario.run.model_copy(update={"table_format": "csv"})})
+    full.scenario, saved = scenario, full.scenario
+    try:
+        written = full.write(tmp_path)
+    finally:
+        full.scenario = saved
+    assert written == [
+        "summary.csv", "requests.csv", "steps.csv", "layers.csv", "layer_recall.csv", "timeline.csv", "scenario.yaml",
+    ]  # fmt: skip
+    steps = read_table(tmp_path, "steps")
+    assert len(steps) == sum(len(r.steps) for r in full.policies.values())
+    assert table_path(tmp_path, "steps.csv") == tmp_path / "steps.csv"
+
+
+def test_parquet_round_trip_is_exact(full_and_summary, tmp_path):
+    pytest.importorskip("pyarrow")
+    full, _ = full_and_summary
+    scenario = full.scenario.model_copy(
+        update={"run": full.scenario.run.model_copy(update={"table_format": "parquet"})}
+    )
+    full.scenario, saved = scenario, full.scenario
+    try:
+        written = full.write(tmp_path)
+    finally:
+        full.scenario = saved
+    assert "steps.parquet" in written and not (tmp_path / "steps.csv").exists()
+    for name in ("requests", "steps", "layers", "timeline"):
+        frames = [getattr(r, name).assign(policy=p) for p, r in full.policies.items()]
+        expected = pd.concat(frames, ignore_index=True)
+        expected = expected[["policy"] + [c for c in expected.columns if c != "policy"]]
+        pd.testing.assert_frame_equal(read_table(tmp_path, name), expected, check_exact=True, check_dtype=False)
+    assert table_path(tmp_path, "steps.csv") == tmp_path / "steps.parquet"  # a reader asking for the CSV name
+
+
+@pytest.fixture
+def no_pyarrow(monkeypatch):
+    """Pretend pyarrow is not installed (``importlib.util.find_spec`` finds no ``pyarrow``)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+
+
+def test_auto_format_follows_pyarrow(no_pyarrow):
+    assert resolve_table_format("auto") == "csv"
+    assert resolve_table_format("csv") == "csv"
+
+
+def test_auto_format_is_parquet_with_pyarrow():
+    pytest.importorskip("pyarrow")
+    assert resolve_table_format("auto") == "parquet"
+
+
+def test_parquet_without_pyarrow_names_field_value_and_fix(no_pyarrow):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario("default", ["run.table_format=parquet"])
+    message = str(err.value)
+    assert message.startswith("run.table_format: ") and "'parquet'" in message
+    assert "pip install 'pulseinfer[parquet]'" in message and "\n" not in message
+    assert load_scenario("default", ["run.table_format=auto"]).run.table_format == "auto"
+
+
+def test_cli_parquet_without_pyarrow_is_one_error_line(no_pyarrow, tmp_path, capsys):
+    code = main(["simulate", "--set", "run.table_format=parquet", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip()]
+    assert "run.table_format" in err and "pulseinfer[parquet]" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_summary_only(tmp_path, capsys):
+    sets = ["workload.trace=null", "workload.synthetic.num_requests=5", "workload.synthetic.rate_per_s=10",
+            "workload.synthetic.prompt_tokens_mean=1000", "workload.synthetic.output_tokens_mean=20"]  # fmt: skip
+    args = [arg for item in sets for arg in ("--set", item)]
+    assert main(["simulate", *args, "--summary-only", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    names = sorted(p.name for p in (tmp_path / "o").iterdir() if not p.name.startswith("."))
+    assert names == sorted(["summary.csv", table_path(tmp_path / "o", "requests").name, "scenario.yaml"])
+    assert "summary.csv, requests." in capsys.readouterr().out
