@@ -49,12 +49,10 @@ class StepDevices:
     ) -> None:
         self.env = env
         self.layer_events = layer_events
-        # compiled interruptible pipeline (sim/step/kernels.py) unless "python" or numba is missing
-        self.interruptible_fast = None
-        if kernels != "python" and importlib.util.find_spec("numba") is not None:
-            from sim.step.kernels import interruptible_arrays  # imports numba: only when used
-
-            self.interruptible_fast = interruptible_arrays
+        # compiled interruptible pipeline (sim/step/kernels.py) unless "python" or numba is missing; numba is
+        # imported at the first interruptible step, so runs without one (dense, sequential) never load it
+        self.fast_kernels = kernels != "python" and importlib.util.find_spec("numba") is not None
+        self._interruptible_fast = None
         self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (copy engines per direction)
         self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
         self.host_gather = simpy.Resource(env, capacity=1)  # the gather threads, one layer at a time
@@ -62,6 +60,15 @@ class StepDevices:
         self.d2h = LinkModel(hardware) if hardware is not None else None
         self.d2h_free_s = 0.0  # when the D2H queue finishes the offload writes queued so far
         self.d2h_busy_s = 0.0  # D2H seconds queued over the run
+
+    @property
+    def interruptible_fast(self):
+        """The compiled :func:`sim.step.kernels.interruptible_arrays`, or None (pure-Python reference)."""
+        if self._interruptible_fast is None and self.fast_kernels:
+            from sim.step.kernels import interruptible_arrays  # imports numba
+
+            self._interruptible_fast = interruptible_arrays
+        return self._interruptible_fast
 
     def queue_d2h(self, now_s: float, nbytes: float) -> float:
         """Queue ``nbytes`` of offload writes on the D2H link at ``now_s`` (FIFO); return their seconds."""
