@@ -1,4 +1,4 @@
-"""Simulation speed on the peers' common workload (issue 19): wall s, engine steps, µs per step and per request,
+"""Simulation speed on the workload peer simulators are timed on: wall s, engine steps, µs per step and per request,
 peak memory, per case and policy, each run a fresh ``python -m pulseinfer simulate`` process timed whole.
 
 Workload: request lengths resampled (seeded) from the shipped Azure 2023 conversation slice's (prompt, output)
@@ -17,7 +17,7 @@ ratios measured side by side in one run.
 
 Columns: ``wall_s`` (whole process, start-up and table writing included), ``steps`` (prefill forwards + decode
 steps, rows of the steps table), ``us_per_step`` = wall / steps, ``us_per_request`` = wall / requests,
-``peak_rss_mib`` (the child's own ``ru_maxrss``). Peers' figures are the ones recorded in issue 19 on this
+``peak_rss_mib`` (the child's own ``ru_maxrss``). Peers' figures are the ones recorded for them on this
 machine class, not measured here; they are printed as ratios for the 8b / 70b rows at 5,000 requests only.
 
     python scripts/bench_speed.py [--requests 5000] [--repeats 3] [--cases 8b,70b,offloaded]
@@ -70,7 +70,7 @@ CASES = {
         OFFLOADED_REQUESTS,
     ),
 }
-# Recorded in issue 19 (same workload, same machine class), NOT measured by this script: case → {peer: wall s}.
+# Recorded for the peers (same workload, same machine class), NOT measured by this script: case → {peer: wall s}.
 PEERS_S = {
     "8b": {"BLIS (Go)": 9.2, "Vidur": 29.9, "DistServe-sim": 24.3, "Splitwise-sim": 15.6},
     "70b": {"BLIS (Go, TP2)": 2.0},
@@ -260,7 +260,7 @@ def ratios(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def peer_ratios(table: pd.DataFrame) -> pd.DataFrame:
-    """Current tree's wall s / each peer's recorded wall s (issue 19), for 8b / 70b rows at 5,000 requests."""
+    """Current tree's wall s / each peer's recorded wall s, for 8b / 70b rows at 5,000 requests."""
     rows = []
     for row in table[(table["tree"] == "current") & (table["requests"] == PEER_REQUESTS)].itertuples():
         for peer, peer_s in PEERS_S.get(row.case, {}).items():
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             print(side.to_string(index=False))
         peers = peer_ratios(table)
         if len(peers):
-            print("\npeers: RECORDED figures from issue 19, not measured here (wall_vs_peer < 1: faster than the peer)")
+            print("\npeers: RECORDED figures (same workload, machine class), not measured (< 1: faster than the peer)")
             print(peers.to_string(index=False))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
