@@ -44,9 +44,18 @@ def check_writable(out: Path, flag: str = "--out", update: bool = False) -> None
             "whole --out folder, so give a new or empty folder (or remove this one)"
         )
     parent = out.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{flag} {out}: a parent of it is a file, not a folder; give a folder path") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {out}: cannot create its parent folder {parent} ({exc.strerror})") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {out}: cannot write into {parent} (permission denied)")
+    try:  # the results are staged beside `out` (results_folder): some file systems refuse folders anyway
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+    except OSError as exc:
+        raise UsageError(f"{flag} {out}: cannot create a folder in {parent} ({exc.strerror})") from None
 
 
 def _ours(folder: Path) -> bool:

@@ -188,9 +188,15 @@ def run_once(tree: Path, scenario: Path, out_dir: Path, extra_args: list[str]) -
 
 def _worktree(rev: str, folder: Path) -> Path:
     """Check out ``rev`` (detached) into ``folder`` with ``git worktree add``; returns the tree."""
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(folder), rev], check=True,
-                   capture_output=True)  # fmt: skip
+    done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(folder), rev],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise BaselineError(f"--baseline {rev}: not a git revision of {REPO} ({done.stderr.strip().splitlines()[-1]})")
     return folder
+
+
+class BaselineError(ValueError):
+    """``--baseline`` names no revision git can check out."""
 
 
 def bench(
@@ -291,11 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:
         parser.error(f"--cases {args.cases}: unknown {unknown} (known: {', '.join(CASES)})")
-    if args.requests < 1 or args.repeats < 1:
-        parser.error("--requests and --repeats must be >= 1")
+    for flag, value in (("--requests", args.requests), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{flag} {value}: expected an integer >= 1")
     work = Path(tempfile.mkdtemp(prefix="pulseinfer-bench-"))
     try:
         table = bench(cases, args.requests, args.repeats, args.seed, args.baseline, work, args.simulate_arg)
+    except BaselineError as exc:
+        parser.exit(2, f"error: {exc}\n")
     finally:
         if args.baseline and (work / "baseline-tree").exists():
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline-tree")],

@@ -47,7 +47,9 @@ def _assert_one_error_line(err: str, *needles: str) -> None:
 
 # (test id, --set overrides, strings the error line must contain)
 BAD_OVERRIDES = [
-    ("unknown_nested_key", ["workload.time_scal=2"], ["workload.time_scal"]),
+    ("unknown_nested_key", ["workload.time_scal=2"], ["workload.time_scal", "unknown key", "time_scale"]),
+    ("unknown_top_key", ["nonsense=1"], ["nonsense", "expected one of", "seed"]),
+    ("rate_and_scale", ["workload.target_rate_per_s=4"], ["time_scale is 0.6", "--set workload.time_scale=1"]),
     ("negative_bandwidth", ["hardware.h2d_bandwidth_gbps=-5"], ["hardware.h2d_bandwidth_gbps", "-5"]),
     ("missing_trace_file", ["workload.trace=/nonexistent.jsonl"], ["workload.trace", "/nonexistent.jsonl"]),
     ("unknown_policy", ["policies=sglang,foo"], ["policies", "foo"]),

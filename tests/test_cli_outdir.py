@@ -70,6 +70,14 @@ def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys, monkeypat
     assert main(_simulate(blocker / "out")) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and str(blocker) in err
+    assert "--out" in err and "is a file" in err  # names the flag, not the staging folder
+
+
+def test_summary_only_with_plots_is_refused(tmp_path, capsys):
+    assert main(_simulate(tmp_path / "out", "--summary-only", "--plots")) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--plots" in err and "--summary-only" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_foreign_non_empty_folder_is_refused_not_deleted(tmp_path, capsys, monkeypatch):

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, plot
+from pulseinfer.errors import UsageError
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import TaskBars
 
@@ -47,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     formats = plot.check_format_arguments(args) if args.plots else ()
     overrides = [*args.overrides, "run.tables=summary"] if args.summary_only else args.overrides
     scenario = load_scenario(args.scenario, overrides)
+    if args.plots and scenario.run.tables == "summary":
+        raise UsageError(
+            "--plots: most figures need the per-step tables, which --summary-only (run.tables=summary) does not "
+            "keep; drop one of them"
+        )
     out = args.out or Path("results") / scenario.name
     started = time.perf_counter()
     figures = []

@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib.util
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 POLICY_KINDS = ("dense", "offload")  # pydantic's discriminator tags, hidden from error locations
 
@@ -117,8 +117,31 @@ def read_yaml(path: Path, what: str = "") -> dict[str, Any]:
     return data
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """``a.b: message (got value)`` for each error, joined by ``; ``."""
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (through Optional, Annotated, unions), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        model = _model_in(arg)
+        if model is not None:
+            return model
+    return None
+
+
+def known_keys(root: type[BaseModel], loc: list) -> list[str] | None:
+    """Field names of the section holding key ``loc[-1]`` (walked from ``root``), or None when not a plain model."""
+    model: type[BaseModel] | None = root
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    return sorted(model.model_fields)
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """``a.b: message (got value)`` for each error, joined by ``; ``; an unknown key lists the section's keys
+    when ``root`` (the validated model) is given."""
     parts = []
     for err in exc.errors():
         loc_parts = list(err["loc"])
@@ -128,6 +151,9 @@ def format_validation_error(exc: ValidationError) -> str:
         got = err.get("input")
         shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
         msg = err["msg"].removeprefix("Value error, ")
+        keys = known_keys(root, loc_parts) if root is not None and err["type"] == "extra_forbidden" else None
+        if keys:
+            msg = f"unknown key; expected one of {', '.join(keys)}"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")  # a whole-model check names its keys
     # A section filled from a profile fails twice (as `hardware.x` and `profile.hardware.x`): report it once.
     return "; ".join(p for p in parts if not (p.startswith("profile.") and p.removeprefix("profile.") in parts))

@@ -127,7 +127,7 @@ def validate_scenario(raw: dict[str, Any]) -> Scenario:
     try:
         return Scenario.model_validate(raw)
     except ValidationError as exc:
-        raise ScenarioError(format_validation_error(exc)) from None
+        raise ScenarioError(format_validation_error(exc, Scenario)) from None
 
 
 def dump_scenario(scenario: Scenario, path: Path) -> None:

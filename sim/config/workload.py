@@ -83,7 +83,11 @@ class WorkloadSpec(Spec):
         if (self.trace is None) == (self.synthetic is None):
             raise ValueError("give exactly one of workload.trace and workload.synthetic")
         if self.target_rate_per_s is not None and self.time_scale != 1.0:
-            raise ValueError("give workload.time_scale or workload.target_rate_per_s, not both")
+            raise ValueError(
+                f"give workload.time_scale or workload.target_rate_per_s, not both: time_scale is {self.time_scale} "
+                f"(the scenario file's, unless set) and target_rate_per_s {self.target_rate_per_s}; add "
+                "--set workload.time_scale=1 to use the target rate"
+            )
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"workload.end_s ({self.end_s}) must be > workload.start_s ({self.start_s})")
         if self.columns is not None and self.format not in ("auto", "csv", "jsonl"):

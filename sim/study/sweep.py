@@ -106,11 +106,11 @@ def parse_grid(text: str) -> tuple[str, tuple[str, ...]]:
     key, sep, raw = (s.strip() for s in text.partition("="))
     values = tuple(v.strip() for v in raw.split(",") if v.strip())
     if not sep or not key or not values:
-        raise SweepError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. workload.synthetic.rate_per_s=1,2,4", "grids")
+        raise SweepError(f"{text!r}: expected KEY=V1,V2,..., e.g. workload.synthetic.rate_per_s=1,2,4", "grids")
     if key in RESERVED_KEYS:
-        raise SweepError(f"--grid {key}: set by the sweep itself; use {RESERVED_KEYS[key]}", "grids")
+        raise SweepError(f"{key}: set by the sweep itself; use {RESERVED_KEYS[key]}", "grids")
     if len(set(values)) != len(values):
-        raise SweepError(f"--grid {text!r}: a value is repeated", "grids")
+        raise SweepError(f"{text!r}: a value is repeated", "grids")
     return key, values
 
 

@@ -63,3 +63,11 @@ def test_tiny_end_to_end_run_gives_the_table(bench, tmp_path, capsys):
 def test_bad_case_is_refused(bench):
     with pytest.raises(SystemExit):
         bench.main(["--cases", "9b"])
+
+
+def test_bad_baseline_is_one_line(bench, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--cases", "70b", "--requests", "5", "--repeats", "1", "--baseline", "no-such-revision-xyz"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --baseline no-such-revision-xyz: not a git revision") and err.count("\n") == 1
