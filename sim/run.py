@@ -130,15 +130,16 @@ def simulate_policy(
     else:
         fleet.run(replica.arrivals(request_objects(workload)))
         requests = requests_table(rec.requests)
-    steps = steps_table(rec) if rec.keep_steps else None
     kv = replica.kv
     summary = summarize(
-        policy_name, requests, steps, rec, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
+        policy_name, requests, rec, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
         fleet.end_s(requests), kv.device.peak,
     )  # fmt: skip
     if not rec.keep_steps:
         return PolicyResult(requests, None, summary, None, None, None)
-    return PolicyResult(requests, steps, summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec))
+    return PolicyResult(
+        requests, steps_table(rec), summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec)
+    )
 
 
 def summary_only(scenario: Scenario) -> Scenario:

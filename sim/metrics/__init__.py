@@ -1,5 +1,6 @@
 """Metrics: records of a run → per-request, per-step and per-layer tables → one summary row per policy."""
 
+from sim.metrics.recorder import Recorder, StepTotals
 from sim.metrics.tables import (
     LAYER_COLUMNS,
     LAYER_RECALL_COLUMNS,
@@ -7,8 +8,6 @@ from sim.metrics.tables import (
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
     TIMELINE_COLUMNS,
-    Recorder,
-    StepTotals,
     layer_recall_table,
     layers_table,
     meets_slo,

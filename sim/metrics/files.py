@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.config.files import PARQUET_INSTALL, has_pyarrow, resolve_table_format
+from sim.config.files import resolve_table_format, table_format_problem
 
 SUFFIXES = {"csv": ".csv", "parquet": ".parquet"}
 
@@ -27,10 +27,11 @@ def write_table(df: pd.DataFrame, out_dir: Path, name: str, table_format: str) -
     fmt = resolve_table_format(table_format)
     if fmt not in SUFFIXES:
         raise ValueError(f"run.table_format: unknown {table_format!r} (known: auto, {', '.join(SUFFIXES)})")
+    problem = table_format_problem(fmt)
+    if problem:
+        raise ValueError(f"run.table_format: {problem}")
     path = out_dir / f"{name}{SUFFIXES[fmt]}"
     if fmt == "parquet":
-        if not has_pyarrow():
-            raise ValueError(f"run.table_format: parquet needs pyarrow, which is not installed: {PARQUET_INSTALL}")
         df.to_parquet(path, index=False, engine="pyarrow")
     else:
         df.to_csv(path, index=False)

@@ -28,13 +28,11 @@ Definitions :
 
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 import pandas as pd
 
 from sim.config import GIB, SloSpec
-from sim.metrics.recorder import Recorder, StepTotals
+from sim.metrics.recorder import Recorder
 from sim.serving.request import INCOMPLETE_REASONS
 
 STEP_COLUMNS = [
@@ -139,7 +137,6 @@ def meets_slo(requests: pd.DataFrame, slo: SloSpec) -> pd.Series:
 def summarize(
     policy: str,
     requests: pd.DataFrame,
-    steps: pd.DataFrame | None,
     rec: Recorder,
     slo: SloSpec,
     fixed_hbm_bytes: int,
@@ -150,8 +147,8 @@ def summarize(
     """One summary row (a dict with :data:`SUMMARY_COLUMNS` keys) for one policy's run.
 
     Args:
-        steps: the step table, or None to use what the recorder kept of the steps (``rec.totals``; the
-            summary is the same bit for bit, :class:`sim.metrics.recorder.StepTotals`).
+        rec: the run's recorder; the step figures come from ``rec.totals``
+            (:class:`sim.metrics.recorder.StepTotals`, kept whether or not step rows are).
         end_s: when the run ended (last finish, or the horizon).
         fixed_hbm_bytes: weights + reserve; block_bytes: bytes of one device-pool block.
         peak_blocks: the device pool's peak use (``Pool.peak``), in blocks.
@@ -160,7 +157,7 @@ def summarize(
     duration = max(end_s - start_s, 1e-12)
     done = requests[requests["finished"]]
     tpot = done["tpot_s"].dropna()
-    t = step_totals(steps) if steps is not None else rec.totals
+    t = rec.totals
     decode_time, prefill_time, n = t.decode_time_s, t.prefill_time_s, t.decode_steps
 
     def pct(s: pd.Series, q: float) -> float:
@@ -193,24 +190,6 @@ def summarize(
         "d2h_busy_frac": rec.d2h_busy_s / duration,
         **_client_view(requests, done, pct),
     }
-
-
-def step_totals(steps: pd.DataFrame) -> StepTotals:
-    """:class:`StepTotals` of a step table (the same figures the recorder keeps while it records the steps)."""
-    decode = steps[steps["phase"] == "decode"]
-    prefill = steps[steps["phase"] == "prefill"]
-    return StepTotals(
-        num_steps=len(steps),
-        decode_steps=len(decode),
-        decode_recall_bytes=int(decode["recall_bytes"].sum()),
-        decode_fragments=int(decode["num_fragments"].sum()),
-        decode_selected_fragments=int(decode["selected_fragments"].sum()),
-        decode_batch_sum=int(decode["batch_size"].sum()),
-        peak_kv_used_blocks=int(steps["kv_used_blocks"].max()) if len(steps) else 0,
-        decode_durations_s=array("d", decode["duration_s"].to_numpy(dtype=np.float64).tobytes()),
-        decode_stalls_s=array("d", decode["stall_s"].to_numpy(dtype=np.float64).tobytes()),
-        prefill_durations_s=array("d", prefill["duration_s"].to_numpy(dtype=np.float64).tobytes()),
-    )
 
 
 def _client_view(requests: pd.DataFrame, done: pd.DataFrame, pct) -> dict:

@@ -28,7 +28,7 @@ import pandas as pd
 import simpy
 
 from sim.config import Scenario
-from sim.metrics import Recorder, StepTotals, requests_table, steps_table, summarize, unfinished_counts
+from sim.metrics import Recorder, StepTotals, requests_table, summarize, unfinished_counts
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
 from sim.serving.request import Request
@@ -145,8 +145,6 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     scenario, recs, replicas = fleet.scenario, fleet.recorders, fleet.replicas
     tables = [requests_table(rec.requests).assign(replica=i) for i, rec in enumerate(recs)]
     requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
-    keep_steps = all(rec.keep_steps for rec in recs)
-    steps = pd.concat([steps_table(rec) for rec in recs], ignore_index=True) if keep_steps else None
     merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s, keep_steps=False)
     merged.totals = functools.reduce(StepTotals.merged, [rec.totals for rec in recs])
     merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
@@ -156,7 +154,7 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
     kv = replicas[0].kv
     summary = summarize(
-        policy_name, requests, steps, merged, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
+        policy_name, requests, merged, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
         fleet.end_s(requests), max(r.kv.device.peak for r in replicas),
     )  # fmt: skip
     summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
