@@ -153,14 +153,16 @@ def write_scenario(folder: Path, case_name: str, policy: str, trace_csv: Path, s
 
 def count_steps(out_dir: Path) -> int:
     """Rows of the steps table a run wrote (steps.parquet or steps.csv); 0 when it wrote none (summary only)."""
-    parquet, csv = out_dir / "steps.parquet", out_dir / "steps.csv"
-    if not parquet.is_file() and not csv.is_file():
+    from plots.tables import table_path
+
+    path = table_path(out_dir, "steps")
+    if path is None:
         return 0
-    if parquet.is_file():
+    if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(parquet).metadata.num_rows
-    with open(csv, "rb") as f:
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, "rb") as f:
         return sum(1 for _ in f) - 1
 
 
