@@ -76,6 +76,9 @@ class RunSpec(Spec):
         return value
 
     tables: Literal["all", "summary"] = "all"
+    # Compute runs of decode steps in which nothing but the step index changes at once (sim/serving/replica.py
+    # ``_decode_run``; tested equal to stepping one by one, which ``false`` does).
+    skip_ahead: bool = True
     table_format: Literal["auto", "csv", "parquet"] = "auto"
 
     @field_validator("table_format")

@@ -27,6 +27,7 @@ STEP_TYPECODES = {
     "link_busy_s": "d", "gather_busy_s": "d", "kv_used_blocks": "q", "hbm_used_bytes": "q", "host_used_bytes": "q",
     "selected_fragments": "q",
 }  # fmt: skip
+NUMPY_DTYPES = {"q": np.int64, "d": np.float64, "b": np.int8}  # numpy dtype of each array typecode
 
 
 @dataclass
@@ -118,7 +119,7 @@ class Recorder:
             raise ValueError("this recorder keeps no step rows (run.tables: summary)")
         out = {"step_id": np.arange(self.totals.num_steps, dtype=np.int64)}
         for name, column in self._columns.items():
-            dtype = {"q": np.int64, "d": np.float64, "b": np.int8}[column.typecode]
+            dtype = NUMPY_DTYPES[column.typecode]
             out[name] = np.frombuffer(column, dtype=dtype).copy() if len(column) else np.empty(0, dtype=dtype)
         return out
 
@@ -161,6 +162,52 @@ class Recorder:
         keeps (the first, then the ``timeline_step``-th), else None."""
         self.recall_steps += 1
         return [] if self.recall_steps in (1, self.timeline_step) else None
+
+    def record_decode_run(
+        self,
+        times_s: np.ndarray,
+        batch_size: int,
+        num_offloaded: int,
+        attended_tokens: np.ndarray,
+        blocks_used: np.ndarray,
+        hbm_bytes: np.ndarray,
+        host_bytes: int,
+    ) -> None:
+        """Append k decode steps that recalled nothing at once (the scheduler's skip-ahead): the same rows and
+        totals as k calls of :meth:`record_step`.
+
+        Args:
+            times_s: float64 [k + 1] step boundaries (step i ran from ``times_s[i]`` to ``times_s[i + 1]``).
+            attended_tokens, blocks_used, hbm_bytes: int64 [k] per step (device blocks and HBM bytes after it).
+            host_bytes: host DRAM bytes used (unchanged over the run).
+        """
+        k = len(times_s) - 1
+        durations_s = times_s[1:] - times_s[:-1]
+        zeros_s = np.zeros(k)
+        t = self.totals
+        t.num_steps += k
+        t.decode_steps += k
+        t.decode_durations_s.frombytes(durations_s.tobytes())
+        t.decode_stalls_s.frombytes(zeros_s.tobytes())
+        t.decode_batch_sum += batch_size * k
+        t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used.max()))
+        if not self.keep_steps:
+            return
+        zeros = np.zeros(k, dtype=np.int64)
+
+        def full(value: int) -> np.ndarray:
+            return np.full(k, value, dtype=np.int64)
+
+        values = {
+            "phase": np.ones(k, dtype=np.int8), "start_s": times_s[:-1], "duration_s": durations_s,
+            "batch_size": full(batch_size), "num_offloaded": full(num_offloaded), "prefill_tokens": zeros,
+            "attended_tokens": attended_tokens, "recall_bytes": zeros, "num_fragments": zeros,
+            "num_transfers": zeros, "stall_s": zeros_s, "link_busy_s": zeros_s, "gather_busy_s": zeros_s,
+            "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes, "host_used_bytes": full(host_bytes),
+            "selected_fragments": zeros,
+        }  # fmt: skip
+        for name, column in self._columns.items():
+            column.frombytes(np.ascontiguousarray(values[name], dtype=NUMPY_DTYPES[column.typecode]).tobytes())
 
     def record_step(
         self,

@@ -62,6 +62,27 @@ class Policy:
     recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
     reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)
 
+    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The next ``steps`` decode steps at once, when each would cost what :meth:`step_cost` gives for that step
+        with nothing recalled and every layer alike (the scheduler's skip-ahead, sim/serving/replica.py); None
+        when a step could recall or draw random numbers (this base class: always).
+
+        Args:
+            ctx: int64 [n] KV tokens each request attends in the first of the steps (step i attends ``ctx + i``).
+            offloaded: bool [n].
+            steps: how many steps.
+
+        Returns:
+            (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
+            :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
+        """
+        return None
+
+    def _dense_steps(self, ctx: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """(attended int64 [steps], layer seconds float64 [steps]) of ``steps`` dense steps from ``ctx``."""
+        attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
+        return attended, self.compute.decode_layer_s_many(len(ctx), attended)
+
     def step_cost(
         self,
         ctx: np.ndarray,

@@ -202,6 +202,16 @@ class OffloadServing(Policy):
         cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, self.params.chunk_bytes)
         return cost
 
+    def steady_decode(
+        self, ctx: np.ndarray, offloaded: np.ndarray, steps: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Steps of a batch with no offloaded request in one micro-batch cost what a dense step costs (plus the
+        measured selection time of no candidates, 0): :meth:`step_cost`'s first return. Else None."""
+        if self.groups > 1 or offloaded.any():
+            return None
+        attended, layer_s = self._dense_steps(ctx, steps)
+        return attended, layer_s + self._select_s(0.0)
+
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
         """Shared recall cache: the offloaded requests' expected working sets (budget blocks × KV heads for
         head-wise × layers × W/k, sim/step/recall.py) within the cache (its fixed size, or the free pool)."""

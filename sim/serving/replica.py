@@ -48,6 +48,8 @@ from sim.step.timing import StepDevices, run_step
 if TYPE_CHECKING:
     from sim.policies.base import Policy
 
+MAX_RUN_STEPS = 4096  # most decode steps one skip-ahead run computes at once (bounds its [steps, batch] arrays)
+
 
 class Replica:
     """One GPU replica serving requests with one policy.
@@ -96,6 +98,7 @@ class Replica:
         self.kv.clock = lambda: env.now
         self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
+        self.skip_ahead = scenario.run.skip_ahead
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
         self.chunked: Request | None = None  # request whose prefill is split across forwards
@@ -166,7 +169,8 @@ class Replica:
             if chunks:
                 yield from self._prefill(chunks)
             elif len(self.batch):
-                yield from self._decode_step()
+                if not (self.skip_ahead and (yield from self._decode_run())):
+                    yield from self._decode_step()
             elif self.closed and self.num_done == self.arrived:
                 return
             else:
@@ -304,10 +308,79 @@ class Replica:
         self._record("decode", start, len(b), int(b.offloaded.sum()), 0, cost, stall, busy, gather)
         rec.decode_tokens += len(b)
         self.admission.on_decode_step(cost.attended_tokens)
+        self._finish_done()
+
+    def _finish_done(self) -> None:
+        """Finish the batch's requests that have generated all their output tokens."""
+        b = self.batch
         finished = b.generated >= b.output
         if finished.any():
             for r in b.remove(finished):
                 self._finish(r)
+
+    def _decode_run(self) -> Generator[simpy.Event, object, bool]:
+        """Skip-ahead: run the next decode steps at once while nothing but the step index changes.
+
+        A run is the longest stretch of steps from now such that no request waits or is mid-prefill, no retracted
+        KV is in flight, no other process's event comes before the run ends (``env.peek``), every step's new
+        blocks fit without eviction or preemption, the policy's steps recall nothing and draw nothing
+        (:meth:`Policy.steady_decode`), and no request finishes before the last step. Its step times are summed
+        exactly as :func:`sim.step.timing.run_step` sums them, one step after another, so the clock, the step
+        rows, the admission's feedback and every request's times equal what :meth:`_decode_step` gives step by
+        step (tests/sim/test_skip_ahead.py). Returns False, having done nothing, when fewer than two steps
+        qualify.
+        """
+        env, b, pol, kv = self.env, self.batch, self.policy, self.kv
+        if self.waiting or self.chunked is not None or self.swap_s > 0:
+            return False
+        now, next_event_s = env.now, env.peek()
+        steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
+        if steps < 2 or next_event_s <= now:
+            return False
+        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps)
+        if steady is None:
+            return False
+        attended, layer_s = steady
+        compute = pol.compute
+        overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
+        times = [now]
+        for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
+            end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
+            if end_s >= next_event_s:
+                break
+            times.append(end_s)
+        k = len(times) - 1
+        if k < 2:
+            return False
+        ctx = b.ctx[None, :] + np.arange(1, k + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
+        held = pol.device_blocks(ctx, b.offloaded)  # int64 [k, n] blocks held in each step
+        need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
+        short = np.flatnonzero(need > kv.device.free)
+        k = int(short[0]) if len(short) else k  # the step that would evict or preempt runs the reference way
+        if k < 2 or now + (times[k] - now) != times[k]:  # the timeout must land exactly on the last step's end
+            return False
+        yield env.timeout(times[k] - now)
+        times_s = np.array(times[: k + 1])
+        for step_s, att in zip((times_s[1:] - times_s[:-1]).tolist(), attended[:k].tolist()):
+            self.admission.observe(step_s, 0.0, 0.0)
+            self.admission.on_decode_step(att)
+        blocks_used = kv.device.used + need[:k]
+        allocated = kv.device.allocate(int(need[k - 1]))
+        assert allocated, "skip-ahead allocated more blocks than were free"
+        b.ctx = ctx[k - 1].copy()
+        b.generated += k
+        b.cold[:] = False
+        b.blocks = held[k - 1].copy()
+        hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
+        if self.debug:
+            self._check_invariants(int(hbm_bytes[-1]))
+        self.rec.d2h_busy_s = self.devices.d2h_busy_s
+        self.rec.record_decode_run(
+            times_s, len(b), int(b.offloaded.sum()), attended[:k], blocks_used, hbm_bytes, kv.host.used
+        )
+        self.rec.decode_tokens += len(b) * k
+        self._finish_done()
+        return True
 
     def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
         """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it

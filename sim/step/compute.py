@@ -35,6 +35,8 @@ roofline (the engine's decode is what is calibrated).
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.config import ComputeProfile, HardwareSpec, ModelSpec
 from sim.config.parallel import allreduce_s
 
@@ -109,6 +111,30 @@ class ComputeModel:
         if self.tp_size > 1:
             return self._roofline_layer_s(batch_size, attended_tokens) + self.allreduce_layer_s(batch_size)
         return self._roofline_layer_s(batch_size, attended_tokens)
+
+    def decode_layer_s_many(self, batch_size: int, attended_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`decode_layer_s` for one batch size and many attended-token totals, bit for bit (the same
+        operations in the same order, vectorised; a decode run that skip-ahead computes at once).
+
+        Args:
+            batch_size: requests in each step.
+            attended_tokens: int64 [k] KV tokens read per layer in each of k steps, summed over the batch.
+
+        Returns:
+            float64 [k] seconds of one layer in each step.
+        """
+        att = np.asarray(attended_tokens, dtype=np.int64)
+        if self.profile is not None:
+            base, per_request, per_token = self._layer
+            return (base + per_request * batch_size) + per_token * att
+        nbytes = (
+            self.shared_weight_bytes_layer + self.experts_touched(batch_size) * self.expert_bytes
+        ) + att * self.kv_bytes_per_token_per_layer
+        flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * att
+        layer_s = np.maximum(nbytes / self.bandwidth_bps, flops / self.flops_per_s)
+        if self.tp_size > 1:
+            layer_s = layer_s + self.allreduce_layer_s(batch_size)
+        return layer_s
 
     def _roofline_layer_s(self, batch_size: int, attended_tokens: int) -> float:
         """One GPU's bandwidth/FLOP roofline of one decode layer."""
