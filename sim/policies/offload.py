@@ -202,9 +202,7 @@ class OffloadServing(Policy):
         cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, self.params.chunk_bytes)
         return cost
 
-    def steady_decode(
-        self, ctx: np.ndarray, offloaded: np.ndarray, steps: int
-    ) -> tuple[np.ndarray, np.ndarray] | None:
+    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Steps of a batch with no offloaded request in one micro-batch cost what a dense step costs (plus the
         measured selection time of no candidates, 0): :meth:`step_cost`'s first return. Else None."""
         if self.groups > 1 or offloaded.any():

@@ -115,6 +115,48 @@ class Admission:
                 running += 1
             yield req, verdict
 
+    def quiet_decisions(
+        self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool
+    ) -> int:
+        """Skip-ahead (sim/serving/replica.py ``_decode_run``): at how many of the next scheduler decisions in a row
+        :meth:`select` would take no request, if only the batch's decode steps change the state in between.
+
+        Decision j (from 0) comes after j + 1 more decode steps: each running request has generated j + 1 more
+        tokens, ``new_token_ratio`` has decayed j + 1 more times and the pool has ``free_blocks[j]`` free. The
+        head of the queue waits while its blocks plus its reservation exceed the free pool minus the running
+        batch's reservation — :meth:`decide`'s comparison, in the same floating-point operations. 0 when this
+        cannot be told without walking the queue (a prefix-cache match; subclasses with other rules).
+
+        Args:
+            free_blocks: int64 [m] free device blocks at each decision.
+
+        Returns:
+            The number of leading decisions (0..m) at which nobody joins.
+        """
+        m = len(free_blocks)
+        if not waiting or len(batch) >= self.max_running:
+            return m
+        req = waiting[0]
+        if kv.prefix is not None and req.hash_ids:
+            return 0
+        pol, offloaded = self.policy, self.offload_possible(req, kv)
+        target = req.prompt_tokens + req.generated - (1 if disaggregated else 0)
+        need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
+        host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
+        if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
+            return m  # waits for host DRAM or an offloaded slot, which decode steps do not free
+        ratios = np.empty(m)
+        ratio = self.new_token_ratio
+        for j in range(m):  # as on_decode_step decays it
+            ratio = max(self.ratio_min, ratio - self.ratio_decay)
+            ratios[j] = ratio
+        head_growth = pol.growth_one(min(req.output_tokens - req.generated, self.clip_max_new_tokens), offloaded)
+        generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
+        future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)
+        reserved = pol.growth_blocks(future, batch.offloaded).sum(axis=1).astype(np.float64) * ratios
+        waits = np.minimum(need + head_growth * ratios, worst) > free_blocks - reserved
+        return m if waits.all() else int(np.argmin(waits))
+
     # ---- one request -----------------------------------------------------------------------------
     def decide(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, cached: int | None) -> str:
         """Admit ``req`` if it fits (blocks taken, :data:`OK`), else :data:`WAIT`, :data:`WAIT_IO` or a reason.
@@ -286,6 +328,15 @@ class IoAdaptiveAdmission(Admission):
     def on_decode_step(self, attended_tokens: int) -> None:
         super().on_decode_step(attended_tokens)
         self.last_attended = attended_tokens
+
+    def quiet_decisions(
+        self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool
+    ) -> int:
+        """The base rule while the head of the queue would run dense; 0 when it could run offloaded (the I/O bound
+        and the dense fallback depend on measured feedback, and held-back requests let others pass)."""
+        if waiting and self.offload_possible(waiting[0], kv):
+            return 0
+        return super().quiet_decisions(waiting, batch, kv, free_blocks, disaggregated)
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         self.budget.observe(step_s, stall_s, link_busy_s)

@@ -42,6 +42,29 @@ class DecodeAdmission(Admission):
         super().__init__(policy)
         self.reserved_tokens = policy.params.num_reserved_decode_tokens
 
+    def quiet_decisions(
+        self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool
+    ) -> int:
+        """:meth:`Admission.quiet_decisions` under SGLang's decode budget (colocated: the base rule). Decision j
+        comes after j + 1 more decode steps: ``retractable`` has grown by (j + 1) · n tokens; integer arithmetic."""
+        m = len(free_blocks)
+        if not disaggregated:
+            return super().quiet_decisions(waiting, batch, kv, free_blocks, disaggregated)
+        if not waiting or len(batch) >= self.max_running:
+            return m
+        req = waiting[0]
+        if kv.prefix is not None and req.hash_ids:
+            return 0
+        bs, n, clip = self.policy.block_size, len(batch), self.clip_max_new_tokens
+        retractable = int((batch.prompt + batch.generated).sum()) + n * np.arange(1, m + 1)
+        single = int((batch.prompt + np.minimum(batch.output, clip)).max()) - retractable
+        allocatable = free_blocks - -(-np.maximum(self.reserved_tokens * n, single) // bs)
+        fill = req.prompt_tokens + max(req.generated - 1, 0)
+        required = self.policy.blocks_one(fill, False) + -(-self.reserved_tokens // bs)
+        worst = -(-(req.prompt_tokens + min(req.output_tokens, clip) - retractable) // bs)
+        waits = np.maximum(required, worst) > allocatable
+        return m if waits.all() else int(np.argmin(waits))
+
     def select(
         self,
         waiting: deque[Request],

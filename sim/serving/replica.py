@@ -321,17 +321,18 @@ class Replica:
     def _decode_run(self) -> Generator[simpy.Event, object, bool]:
         """Skip-ahead: run the next decode steps at once while nothing but the step index changes.
 
-        A run is the longest stretch of steps from now such that no request waits or is mid-prefill, no retracted
-        KV is in flight, no other process's event comes before the run ends (``env.peek``), every step's new
-        blocks fit without eviction or preemption, the policy's steps recall nothing and draw nothing
-        (:meth:`Policy.steady_decode`), and no request finishes before the last step. Its step times are summed
-        exactly as :func:`sim.step.timing.run_step` sums them, one step after another, so the clock, the step
-        rows, the admission's feedback and every request's times equal what :meth:`_decode_step` gives step by
-        step (tests/sim/test_skip_ahead.py). Returns False, having done nothing, when fewer than two steps
+        A run is the longest stretch of steps from now such that no request is mid-prefill, no queued request
+        would join before its last step (:meth:`Admission.quiet_decisions`), no retracted KV is in flight, no
+        other process's event comes before the run ends (``env.peek``), every step's new blocks fit without
+        eviction or preemption, the policy's steps recall nothing and draw nothing (:meth:`Policy.steady_decode`),
+        and no request finishes before the last step. Its step times are summed exactly as
+        :func:`sim.step.timing.run_step` sums them, one step after another, so the clock, the step rows, the
+        admission's feedback and every request's times equal what :meth:`_decode_step` gives step by step
+        (tests/sim/test_skip_ahead.py). Returns False, having done nothing, when fewer than two steps
         qualify.
         """
         env, b, pol, kv = self.env, self.batch, self.policy, self.kv
-        if self.waiting or self.chunked is not None or self.swap_s > 0:
+        if self.chunked is not None or self.swap_s > 0:
             return False
         now, next_event_s = env.now, env.peek()
         steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
@@ -357,6 +358,9 @@ class Replica:
         need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
         short = np.flatnonzero(need > kv.device.free)
         k = int(short[0]) if len(short) else k  # the step that would evict or preempt runs the reference way
+        # the scheduler decides again before each later step: the run ends where a queued request would join
+        free = kv.device.free - need[: max(0, k - 1)]
+        k = min(k, 1 + self.admission.quiet_decisions(self.waiting, b, kv, free, self.disaggregated))
         if k < 2 or now + (times[k] - now) != times[k]:  # the timeout must land exactly on the last step's end
             return False
         yield env.timeout(times[k] - now)

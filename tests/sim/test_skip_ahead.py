@@ -1,0 +1,237 @@
+"""Skip-ahead (``run.skip_ahead``, sim/serving/replica.py ``Replica._decode_run``) equals stepping one decode step
+at a time: every table and the summary, bit for bit, over whole runs that exercise what can end or forbid a run
+(arrivals, finishes, chunked prefill, preemption, prefix-cache eviction, offloaded requests, remote prefill,
+closed-loop sessions, several replicas, a horizon); and the vectorised layer time equals the scalar one.
+Each run also checks that skip-ahead did run (else the comparison would prove nothing)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import load_scenario
+from sim.config.parallel import per_gpu_hardware, shard_model
+from sim.policies import make_policy
+from sim.run import simulate
+from sim.serving.cluster import simulate_cluster
+from sim.serving.kv import KvState
+from sim.serving.replica import Replica
+from sim.serving.request import DecodeBatch, Request
+from sim.step.compute import ComputeModel
+from sim.workload import load_workload
+
+TABLES = ("steps", "requests", "layers", "layer_recall", "timeline")
+
+SHORT = [
+    "model=llama-3.1-8b", "hardware=h100-sxm", "workload.trace=azure_conv_2023", "workload.max_requests=150",
+    "workload.max_prompt_tokens=3500", "workload.time_scale=1", "workload.target_rate_per_s=4",
+    "serving.prefill=colocated", "run.progress=false", "run.debug_checks=true",
+]  # fmt: skip
+SMALL_POOL = ["hardware.hbm_gib=26", "workload.target_rate_per_s=20"]  # ~1 GiB of KV (8B): queues and preemption
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the runs skip-ahead computed (``counted["runs"]``) and those begun with requests queued."""
+    counts = {"runs": 0, "queued": 0}
+    real = Replica._decode_run
+
+    def run(self):
+        queued = bool(self.waiting)
+        done = yield from real(self)
+        counts["runs"] += bool(done)
+        counts["queued"] += bool(done) and queued
+        return done
+
+    monkeypatch.setattr(Replica, "_decode_run", run)
+    return counts
+
+
+def _both(overrides: list[str], scenario: str = "default"):
+    """(reference result, skip-ahead result) of ``simulate`` on the same scenario and seed."""
+    ref = simulate(load_scenario(scenario, [*overrides, "run.skip_ahead=false"]))
+    fast = simulate(load_scenario(scenario, [*overrides, "run.skip_ahead=true"]))
+    return ref, fast
+
+
+def _assert_equal(ref, fast) -> None:
+    assert ref.policies.keys() == fast.policies.keys()
+    for name, a in ref.policies.items():
+        b = fast.policies[name]
+        for table in TABLES:
+            if getattr(a, table) is None:
+                assert getattr(b, table) is None
+                continue
+            pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), check_exact=True, obj=f"{name} {table}")
+        assert a.summary.keys() == b.summary.keys()
+        for key, value in a.summary.items():
+            other = b.summary[key]
+            assert value == other or (value != value and other != other), (name, key, value, other)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(["policies=sglang,pulseinfer"], id="colocated"),
+        # some requests offloaded: runs stop at them, recall steps interleave with skipped ones
+        pytest.param(["policies=pulseinfer", "policy.pulseinfer.offload_threshold_tokens=1500"], id="mixed-offloaded"),
+        pytest.param(["policies=sglang", "serving.prefill=disaggregated", "serving.num_prefill_gpus=2"], id="pd"),
+        pytest.param(["policies=sglang", "serving.prefill=none"], id="prefill-none"),
+        pytest.param(["policies=sglang", "policy.sglang.prefix_cache=true"], id="prefix-cache"),
+        pytest.param(
+            ["policies=sglang", "policy.sglang.decode_scheduler=sglang_pd", "serving.prefill=none"], id="pd-sched"
+        ),
+        # a small pool: decode growth preempts (recompute) — the step that would preempt runs the reference way
+        pytest.param(["policies=sglang", *SMALL_POOL], id="preempting"),
+        pytest.param(["policies=sglang", "run.horizon_s=20"], id="horizon"),
+        pytest.param(["policies=sglang", "run.tables=summary"], id="summary-only"),
+    ],
+)
+def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
+    ref, fast = _both([*SHORT, *overrides])
+    assert counted["runs"] > 10, counted  # skip-ahead ran (the fixture counts only the skip-ahead side)
+    _assert_equal(ref, fast)
+    if SMALL_POOL[0] in overrides:
+        assert fast.policies["sglang"].summary["num_preemptions"] > 0
+        assert counted["queued"] > 10, counted  # runs ended by a queued request's admission (quiet_decisions)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # SGLang's PD decode admission with swap retraction (the shipped default's sglang), queue always full
+        pytest.param(["policies=sglang", "workload.max_requests=120"], id="default-pd-admission"),
+        # IO-adaptive admission with dense-only heads, queue full (a small pool); and with offloadable heads
+        pytest.param([*SHORT, "policies=pulseinfer", *SMALL_POOL], id="io-dense"),
+        pytest.param(
+            [*SHORT, "policies=pulseinfer", *SMALL_POOL, "policy.pulseinfer.offload_threshold_tokens=2000"],
+            id="io-offloadable",
+        ),
+        # the memory-only rule with its ratio decaying through a run (colocated, static admission)
+        pytest.param([*SHORT, "policies=headwise", *SMALL_POOL], id="static"),
+    ],
+)
+def test_queued_requests_end_runs_where_they_would_join(overrides, counted):
+    ref, fast = _both([*overrides, "run.progress=false", "run.debug_checks=true"])
+    assert counted["queued"] > 10, counted
+    _assert_equal(ref, fast)
+
+
+def test_tensor_parallel_70b_equal(counted):
+    ref, fast = _both([*SHORT, "model=llama-3.1-70b", "serving.tp_size=2", "policies=sglang,pulseinfer"])
+    assert counted["runs"] > 10
+    _assert_equal(ref, fast)
+
+
+def test_closed_loop_sessions_equal(counted):
+    overrides = [
+        "workload.sessions.max_sessions=6", "run.progress=false", "run.debug_checks=true", "policies=sglang",
+        "serving.prefill=none",
+    ]  # fmt: skip
+    ref, fast = _both(overrides, "agentic")
+    assert counted["runs"] > 10
+    _assert_equal(ref, fast)
+
+
+def test_cluster_equal(counted):
+    def run(skip: str):
+        scenario = load_scenario("default", [*SHORT, "policies=sglang", f"run.skip_ahead={skip}"])
+        return simulate_cluster(scenario, load_workload(scenario), "sglang", 2, "least_tokens")
+
+    ref, fast = run("false"), run("true")
+    assert counted["runs"] > 10
+    pd.testing.assert_frame_equal(ref.requests, fast.requests, check_exact=True)
+    assert ref.routed == fast.routed
+    for key, value in ref.summary.items():
+        assert value == fast.summary[key] or (value != value and fast.summary[key] != fast.summary[key]), key
+
+
+@pytest.mark.parametrize(
+    "model, hardware, tp, profile",
+    [
+        ("llama-3.1-8b", "h100-sxm", 1, False),
+        ("llama-3.1-70b", "h100-sxm", 2, False),
+        ("qwen3-30b-a3b", "h200", 1, False),  # MoE: experts touched per batch size
+        ("llama-3.1-8b", "h100-sxm", 1, True),  # a measured linear form instead of the roofline
+    ],
+)
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 512), first=st.integers(1, 4_000_000), steps=st.integers(1, 50))
+def test_vectorised_layer_time_equals_scalar(model, hardware, tp, profile, batch, first, steps):
+    scenario = load_scenario("default", [f"model={model}", f"hardware={hardware}", f"serving.tp_size={tp}"])
+    shard, card = shard_model(scenario.model, tp), per_gpu_hardware(scenario.hardware, tp)
+    compute = ComputeModel(shard, card, None, tp)
+    if profile:
+        compute.profile, compute._layer = object(), (3.1e-5, 7.3e-7, 1.3e-10)
+    attended = first + batch * np.arange(steps, dtype=np.int64)
+    many = compute.decode_layer_s_many(batch, attended)
+    assert many.dtype == np.float64 and many.shape == (steps,)
+    assert many.tolist() == [compute.decode_layer_s(batch, int(a)) for a in attended]
+
+
+def _admits(adm, batch, generated0, ratio0, head, n, free, after_steps, capacity, block_bytes, disaggregated) -> bool:
+    """Whether the reference ``select`` admits the head (prompt, output, generated) with ``free`` blocks after
+    ``after_steps`` decode steps of ``batch`` (its ``generated`` and the admission's ratio set as they would be)."""
+    batch.generated = generated0 + after_steps
+    adm.new_token_ratio = ratio0
+    for _ in range(after_steps):
+        adm.on_decode_step(0)
+    kv = KvState(capacity, 2**50, block_bytes, 0)
+    kv.device.used = capacity - free
+    req = Request(999, 0.0, *head)
+    return bool(list(adm.select(deque([req]), batch, kv, n, lambda: True, disaggregated)))
+
+
+@pytest.mark.parametrize(
+    "policy, disaggregated, overrides",
+    [
+        ("sglang", False, ["policy.sglang.decode_scheduler=prefill_adder"]),  # memory-only rule, block_size 1
+        ("sglang", True, []),  # SGLang's PD decode budget (decode_scheduler: sglang_pd)
+        ("headwise", False, []),  # memory-only rule, block_size 16
+        ("pulseinfer", True, []),  # IO-adaptive admission with a head that runs dense
+    ],
+)
+def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, overrides):
+    """Admission.quiet_decisions' prediction equals asking ``select`` after each step, near the admission edge."""
+    scenario = load_scenario("default", overrides)
+    pol = make_policy(scenario, policy)
+    adm, bs = pol.admission, pol.block_size
+    rng = np.random.default_rng(7)
+    block_bytes, capacity, steps = bs * pol.model.kv_bytes_per_token, 400_000, 48
+    edges = 0
+    for trial in range(150):
+        n = int(rng.integers(1, 3 if disaggregated else 12))  # PD budget: the reservation R·n rarely binds at n ≤ 2
+        batch = DecodeBatch(pol.recall_state_width)
+        running = []
+        for i in range(n):
+            prompt, output = int(rng.integers(100, 6000)), int(rng.integers(steps + 2, 3000))
+            generated = int(rng.integers(1, output - steps))
+            running.append(Request(i, 0.0, prompt, output, generated, prompt + generated, device_blocks=1))
+        batch.add(running)
+        head = (int(rng.integers(100, 6000)), int(rng.integers(2, 3000)), 1 if disaggregated else 0)
+        ratio0 = float(rng.uniform(adm.ratio_min, adm.ratio_init))
+        generated0 = batch.generated.copy()
+
+        def verdict(free: int, after_steps: int, state=(batch, generated0, ratio0, head, n)) -> bool:
+            return _admits(adm, *state, free, after_steps, capacity, block_bytes, disaggregated)
+
+        lo, hi = 0, capacity  # the least free pool at which the head joins after one step (bisection)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if verdict(mid, 1) else (mid + 1, hi)
+        free0 = max(0, lo + int(rng.integers(-60, 10)))
+        growth = int(rng.integers(0, n + 1))  # blocks taken per step (any non-increasing free pool will do)
+        free = np.maximum(0, free0 - (np.arange(steps) * growth) // bs).astype(np.int64)
+        expected = next((j for j in range(steps) if verdict(int(free[j]), j + 1)), steps)
+        batch.generated = generated0
+        adm.new_token_ratio = ratio0
+        kv = KvState(capacity, 2**50, block_bytes, 0)
+        waiting = deque([Request(999, 0.0, head[0], head[1], head[2])])
+        assert adm.quiet_decisions(waiting, batch, kv, free, disaggregated) == expected, trial
+        edges += 0 < expected < steps
+    assert edges >= 15, edges  # the head joined mid-run often enough for the comparison to mean something
