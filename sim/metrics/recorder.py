@@ -183,31 +183,30 @@ class Recorder:
         """
         k = len(times_s) - 1
         durations_s = times_s[1:] - times_s[:-1]
-        zeros_s = np.zeros(k)
         t = self.totals
         t.num_steps += k
         t.decode_steps += k
         t.decode_durations_s.frombytes(durations_s.tobytes())
-        t.decode_stalls_s.frombytes(zeros_s.tobytes())
+        t.decode_stalls_s.frombytes(bytes(8 * k))  # no stall: 0.0 is eight zero bytes
         t.decode_batch_sum += batch_size * k
         t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used.max()))
         if not self.keep_steps:
             return
-        zeros = np.zeros(k, dtype=np.int64)
-
-        def full(value: int) -> np.ndarray:
-            return np.full(k, value, dtype=np.int64)
-
-        values = {
+        given = {
             "phase": np.ones(k, dtype=np.int8), "start_s": times_s[:-1], "duration_s": durations_s,
-            "batch_size": full(batch_size), "num_offloaded": full(num_offloaded), "prefill_tokens": zeros,
-            "attended_tokens": attended_tokens, "recall_bytes": zeros, "num_fragments": zeros,
-            "num_transfers": zeros, "stall_s": zeros_s, "link_busy_s": zeros_s, "gather_busy_s": zeros_s,
-            "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes, "host_used_bytes": full(host_bytes),
-            "selected_fragments": zeros,
+            "batch_size": np.full(k, batch_size, dtype=np.int64), "attended_tokens": attended_tokens,
+            "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes,
         }  # fmt: skip
+        if num_offloaded:
+            given["num_offloaded"] = np.full(k, num_offloaded, dtype=np.int64)
+        if host_bytes:
+            given["host_used_bytes"] = np.full(k, host_bytes, dtype=np.int64)
         for name, column in self._columns.items():
-            column.frombytes(np.ascontiguousarray(values[name], dtype=NUMPY_DTYPES[column.typecode]).tobytes())
+            values = given.get(name)
+            if values is None:  # 0 (int) or 0.0 (float) in every step: all-zero bytes
+                column.frombytes(bytes(column.itemsize * k))
+            else:
+                column.frombytes(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[column.typecode]).tobytes())
 
     def record_step(
         self,

@@ -78,6 +78,11 @@ class Policy:
         """
         return None
 
+    def is_steady(self, offloaded: np.ndarray) -> bool:
+        """Whether a batch with these requests offloaded (bool [n]) has steady steps (:meth:`steady_decode` gives
+        them); a cheap test the scheduler asks before computing a run."""
+        return False
+
     def _dense_steps(self, ctx: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """(attended int64 [steps], layer seconds float64 [steps]) of ``steps`` dense steps from ``ctx``."""
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)

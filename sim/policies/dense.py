@@ -17,6 +17,9 @@ class DenseServing(Policy):
     def growth_one(self, future_tokens: int, offloaded: bool) -> int:
         return -(-future_tokens // self.block_size)
 
+    def is_steady(self, offloaded: np.ndarray) -> bool:
+        return True
+
     def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
         return self._dense_steps(ctx, steps)  # a dense step is a function of the batch and its tokens
 

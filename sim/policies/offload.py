@@ -202,10 +202,13 @@ class OffloadServing(Policy):
         cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, self.params.chunk_bytes)
         return cost
 
+    def is_steady(self, offloaded: np.ndarray) -> bool:
+        return self.groups == 1 and not offloaded.any()
+
     def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Steps of a batch with no offloaded request in one micro-batch cost what a dense step costs (plus the
         measured selection time of no candidates, 0): :meth:`step_cost`'s first return. Else None."""
-        if self.groups > 1 or offloaded.any():
+        if not self.is_steady(offloaded):
             return None
         attended, layer_s = self._dense_steps(ctx, steps)
         return attended, layer_s + self._select_s(0.0)

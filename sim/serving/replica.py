@@ -23,7 +23,9 @@ Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) 
 the replica itself only schedules. Token bookkeeping is in sim/serving/request.py.
 
 Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
-plus an O(num_layers) pipeline recurrence.
+plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, :meth:`Replica._decode_run`) computes a
+run of decode steps in which nothing but the step index changes at once: no recall, no event of another process,
+no admission, finish or preemption before its last step (docs/design.md §13; tested equal to stepping).
 """
 
 from __future__ import annotations
@@ -332,18 +334,22 @@ class Replica:
         qualify.
         """
         env, b, pol, kv = self.env, self.batch, self.policy, self.kv
-        if self.chunked is not None or self.swap_s > 0:
+        if self.chunked is not None or self.swap_s > 0 or not pol.is_steady(b.offloaded):
             return False
         now, next_event_s = env.now, env.peek()
         steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
         if steps < 2 or next_event_s <= now:
             return False
-        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps)
+        compute = pol.compute
+        overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
+        # steps only get longer (more tokens attended): the first one's length bounds how many fit before the event
+        first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
+        if next_event_s < math.inf:
+            steps = min(steps, int((next_event_s - now) / first_s) + 2)
+        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps) if steps >= 2 else None
         if steady is None:
             return False
         attended, layer_s = steady
-        compute = pol.compute
-        overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
         times = [now]
         for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
             end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)

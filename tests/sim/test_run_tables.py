@@ -61,7 +61,8 @@ def full_and_summary():
 
 
 def test_step_table_from_columns_equals_the_tuple_builder(monkeypatch):
-    scenario = load_scenario("default", SMALL)
+    # every step through record_step (skip-ahead's record_decode_run is tested equal in test_skip_ahead.py)
+    scenario = load_scenario("default", [*SMALL, "run.skip_ahead=false"])
     workload = load_workload(scenario)
     original = Recorder.record_step
     for i, policy in enumerate(scenario.policies):
