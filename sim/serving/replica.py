@@ -342,11 +342,14 @@ class Replica:
             return False
         compute = pol.compute
         overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
-        # steps only get longer (more tokens attended): the first one's length bounds how many fit before the event
+        # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
+        # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
         first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
         if next_event_s < math.inf:
-            steps = min(steps, int((next_event_s - now) / first_s) + 2)
-        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps) if steps >= 2 else None
+            steps = min(steps, int((next_event_s - now) / first_s) + 1)
+        if steps < 2:
+            return False
+        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps)
         if steady is None:
             return False
         attended, layer_s = steady
