@@ -82,6 +82,15 @@ class Admission:
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         """Feedback from one decode step's timing (used by IO-adaptive admission)."""
 
+    def on_decode_run(self, steps_s: list[float], attended_tokens: list[int]) -> None:
+        """Skip-ahead: k decode steps that recalled nothing (no stall, link idle), at once — what k rounds of
+        ``observe(steps_s[i], 0.0, 0.0)`` then ``on_decode_step(attended_tokens[i])`` do, in the same float
+        operations (tests/sim/test_skip_ahead.py)."""
+        ratio, ratio_min, decay = self.new_token_ratio, self.ratio_min, self.ratio_decay
+        for _ in range(len(steps_s)):
+            ratio = max(ratio_min, ratio - decay)
+        self.new_token_ratio = ratio
+
     # ---- the queue walk --------------------------------------------------------------------------
     def select(
         self,
@@ -301,12 +310,26 @@ class RecallBudget:
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         """AIMD update of φ from one decode step's measured stall and link use."""
-        if step_s <= 0:
-            return
-        if stall_s > self.stall_target * step_s:
-            self.phi = max(PHI_MIN, self.phi * PHI_DECREASE)
-        elif stall_s < 0.5 * self.stall_target * step_s and link_busy_s < LINK_IDLE_BUSY_FRAC * step_s:
-            self.phi = min(PHI_MAX, self.phi + PHI_INCREASE)
+        self.phi = _aimd(self.phi, self.stall_target, step_s, stall_s, link_busy_s)
+
+    def observe_idle(self, steps_s: list[float]) -> None:
+        """:meth:`observe` of each of these steps with no stall and the link idle (skip-ahead runs)."""
+        phi, target = self.phi, self.stall_target
+        for step_s in steps_s:
+            phi = _aimd(phi, target, step_s, 0.0, 0.0)
+        self.phi = phi
+
+
+def _aimd(phi: float, stall_target: float, step_s: float, stall_s: float, link_busy_s: float) -> float:
+    """φ after one decode step (:class:`RecallBudget`): ×0.8 when the stall exceeded its target share of the step,
+    +0.05 when it stayed under half of it and the link was busy less than 80 % of the step; within [0.25, 3]."""
+    if step_s <= 0:
+        return phi
+    if stall_s > stall_target * step_s:
+        return max(PHI_MIN, phi * PHI_DECREASE)
+    if stall_s < 0.5 * stall_target * step_s and link_busy_s < LINK_IDLE_BUSY_FRAC * step_s:
+        return min(PHI_MAX, phi + PHI_INCREASE)
+    return phi
 
 
 class IoAdaptiveAdmission(Admission):
@@ -340,6 +363,11 @@ class IoAdaptiveAdmission(Admission):
 
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         self.budget.observe(step_s, stall_s, link_busy_s)
+
+    def on_decode_run(self, steps_s: list[float], attended_tokens: list[int]) -> None:
+        super().on_decode_run(steps_s, attended_tokens)
+        self.budget.observe_idle(steps_s)
+        self.last_attended = attended_tokens[-1]
 
     def dense_fallback(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float) -> bool:
         """Run ``req`` dense when the I/O bound holds it back, if (1) the pool keeps ``dense_headroom_frac`` free

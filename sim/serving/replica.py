@@ -374,9 +374,7 @@ class Replica:
             return False
         yield env.timeout(times[k] - now)
         times_s = np.array(times[: k + 1])
-        for step_s, att in zip((times_s[1:] - times_s[:-1]).tolist(), attended[:k].tolist()):
-            self.admission.observe(step_s, 0.0, 0.0)
-            self.admission.on_decode_step(att)
+        self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), attended[:k].tolist())
         blocks_used = kv.device.used + need[:k]
         allocated = kv.device.allocate(int(need[k - 1]))
         assert allocated, "skip-ahead allocated more blocks than were free"

@@ -235,3 +235,27 @@ def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, overrid
         assert adm.quiet_decisions(waiting, batch, kv, free, disaggregated) == expected, trial
         edges += 0 < expected < steps
     assert edges >= 15, edges  # the head joined mid-run often enough for the comparison to mean something
+
+
+@pytest.mark.parametrize("policy", ["sglang", "headwise", "pulseinfer"])
+def test_decode_run_feedback_equals_step_by_step(policy):
+    """Admission.on_decode_run leaves the admission (new_token_ratio; φ and last_attended for IO-adaptive) as
+    observe + on_decode_step step by step would, from random states (φ near its bounds included)."""
+    scenario = load_scenario("default", [])
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a, b = make_policy(scenario, policy).admission, make_policy(scenario, policy).admission
+        ratio = float(rng.uniform(0.0, 1.0))
+        a.new_token_ratio = b.new_token_ratio = ratio
+        if hasattr(a, "budget"):
+            a.budget.phi = b.budget.phi = float(rng.choice([0.25, 2.98, rng.uniform(0.25, 3.0)]))
+        k = int(rng.integers(1, 800))
+        steps_s = rng.uniform(1e-4, 0.2, k).tolist()
+        attended = rng.integers(1, 10**6, k).tolist()
+        for step_s, att in zip(steps_s, attended):
+            a.observe(step_s, 0.0, 0.0)
+            a.on_decode_step(att)
+        b.on_decode_run(steps_s, attended)
+        assert a.new_token_ratio == b.new_token_ratio
+        if hasattr(a, "budget"):
+            assert a.budget.phi == b.budget.phi and a.last_attended == b.last_attended
