@@ -133,8 +133,9 @@ class Admission:
         Decision j (from 0) comes after j + 1 more decode steps: each running request has generated j + 1 more
         tokens, ``new_token_ratio`` has decayed j + 1 more times and the pool has ``free_blocks[j]`` free. The
         head of the queue waits while its blocks plus its reservation exceed the free pool minus the running
-        batch's reservation — :meth:`decide`'s comparison, in the same floating-point operations. 0 when this
-        cannot be told without walking the queue (a prefix-cache match; subclasses with other rules).
+        batch's reservation — :meth:`decide`'s comparison, in the same floating-point operations (with a prefix cache,
+        the head's cached blocks and the evictable room as they are now: a run evicts nothing). Subclasses whose
+        rules this cannot tell ahead return 0.
 
         Args:
             free_blocks: int64 [m] free device blocks at each decision.
@@ -146,8 +147,6 @@ class Admission:
         if not waiting or len(batch) >= self.max_running:
             return m
         req = waiting[0]
-        if kv.prefix is not None and req.hash_ids:
-            return 0
         pol, offloaded = self.policy, self.offload_possible(req, kv)
         target = req.prompt_tokens + req.generated - (1 if disaggregated else 0)
         need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
@@ -163,7 +162,11 @@ class Admission:
         generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
         future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)
         reserved = pol.growth_blocks(future, batch.offloaded).sum(axis=1).astype(np.float64) * ratios
-        waits = np.minimum(need + head_growth * ratios, worst) > free_blocks - reserved
+        # A run evicts no prefix node (its steps' blocks fit in the free pool), so the head's cached prefix and the
+        # evictable room beside the free pool stay as they are now.
+        cached_blocks, room = self._prefix_room(req, kv)
+        room_blocks = free_blocks + (room - kv.device.free)
+        waits = np.minimum(need + head_growth * ratios, worst) - cached_blocks > room_blocks - reserved
         return m if waits.all() else int(np.argmin(waits))
 
     # ---- one request -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.cluster import simulate_cluster
 from sim.serving.kv import KvState
+from sim.serving.prefix import PrefixCache
 from sim.serving.replica import Replica
 from sim.serving.request import DecodeBatch, Request
 from sim.step.compute import ComputeModel
@@ -106,6 +107,8 @@ def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
     [
         # SGLang's PD decode admission with swap retraction (the shipped default's sglang), queue always full
         pytest.param(["policies=sglang", "workload.max_requests=120"], id="default-pd-admission"),
+        # colocated on the Mooncake slice: the radix cache matches queued prompts' hash_ids (cached blocks, room)
+        pytest.param(["policies=sglang", "serving.prefill=colocated", "workload.max_requests=150"], id="prefix-hashes"),
         # IO-adaptive admission with dense-only heads, queue full (a small pool); and with offloadable heads
         pytest.param([*SHORT, "policies=pulseinfer", *SMALL_POOL], id="io-dense"),
         pytest.param(
@@ -120,6 +123,8 @@ def test_queued_requests_end_runs_where_they_would_join(overrides, counted):
     ref, fast = _both([*overrides, "run.progress=false", "run.debug_checks=true"])
     assert counted["queued"] > 10, counted
     _assert_equal(ref, fast)
+    if overrides[:2] == ["policies=sglang", "serving.prefill=colocated"]:  # prefix-hashes
+        assert fast.policies["sglang"].summary["prefix_hit_frac"] > 0  # the cache did match prompts
 
 
 def test_tensor_parallel_70b_equal(counted):
@@ -174,29 +179,49 @@ def test_vectorised_layer_time_equals_scalar(model, hardware, tp, profile, batch
     assert many.tolist() == [compute.decode_layer_s(batch, int(a)) for a in attended]
 
 
-def _admits(adm, batch, generated0, ratio0, head, n, free, after_steps, capacity, block_bytes, disaggregated) -> bool:
-    """Whether the reference ``select`` admits the head (prompt, output, generated) with ``free`` blocks after
-    ``after_steps`` decode steps of ``batch`` (its ``generated`` and the admission's ratio set as they would be)."""
+def _admits(adm, batch, generated0, ratio0, head, n, free, after_steps, make_kv, disaggregated) -> bool:
+    """Whether the reference ``select`` admits the head with ``free`` blocks after ``after_steps`` decode steps of
+    ``batch`` (its ``generated`` and the admission's ratio set as they would be)."""
     batch.generated = generated0 + after_steps
     adm.new_token_ratio = ratio0
     for _ in range(after_steps):
         adm.on_decode_step(0)
-    kv = KvState(capacity, 2**50, block_bytes, 0)
-    kv.device.used = capacity - free
-    req = Request(999, 0.0, *head)
-    return bool(list(adm.select(deque([req]), batch, kv, n, lambda: True, disaggregated)))
+    return bool(list(adm.select(deque([_head(head)]), batch, make_kv(free), n, lambda: True, disaggregated)))
+
+
+def _head(head: tuple) -> Request:
+    """The queued request from (prompt, output, generated, prefix hash_ids over 512-token blocks)."""
+    prompt, output, generated, hashes = head
+    return Request(999, 0.0, prompt, output, generated, hash_ids=hashes, hash_block_tokens=512 if hashes else 0)
+
+
+def _kv_factory(capacity: int, block_bytes: int, block_size: int, chains: list[tuple]):
+    """A function free blocks → a fresh KvState with that many free blocks and, when ``chains`` is not empty, a
+    prefix cache holding those hash chains unreferenced (evictable), so admission sees cached and evictable room."""
+
+    def make(free: int) -> KvState:
+        prefix = PrefixCache(block_size) if chains else None
+        for chain in chains:
+            path, _, _ = prefix.acquire(chain, len(chain) * 512, 512, 0.0)
+            prefix.release(path, 0.0)
+        kv = KvState(capacity, 2**50, block_bytes, 0, prefix)
+        kv.device.used = capacity - free
+        return kv
+
+    return make
 
 
 @pytest.mark.parametrize(
-    "policy, disaggregated, overrides",
+    "policy, disaggregated, prefix, overrides",
     [
-        ("sglang", False, ["policy.sglang.decode_scheduler=prefill_adder"]),  # memory-only rule, block_size 1
-        ("sglang", True, []),  # SGLang's PD decode budget (decode_scheduler: sglang_pd)
-        ("headwise", False, []),  # memory-only rule, block_size 16
-        ("pulseinfer", True, []),  # IO-adaptive admission with a head that runs dense
+        ("sglang", False, False, ["policy.sglang.decode_scheduler=prefill_adder"]),  # memory-only rule, block 1
+        ("sglang", False, True, ["policy.sglang.decode_scheduler=prefill_adder"]),  # ... with a radix cache
+        ("sglang", True, False, []),  # SGLang's PD decode budget (decode_scheduler: sglang_pd)
+        ("headwise", False, False, []),  # memory-only rule, block_size 16
+        ("pulseinfer", True, False, []),  # IO-adaptive admission with a head that runs dense
     ],
 )
-def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, overrides):
+def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, prefix, overrides):
     """Admission.quiet_decisions' prediction equals asking ``select`` after each step, near the admission edge."""
     scenario = load_scenario("default", overrides)
     pol = make_policy(scenario, policy)
@@ -213,12 +238,17 @@ def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, overrid
             generated = int(rng.integers(1, output - steps))
             running.append(Request(i, 0.0, prompt, output, generated, prompt + generated, device_blocks=1))
         batch.add(running)
-        head = (int(rng.integers(100, 6000)), int(rng.integers(2, 3000)), 1 if disaggregated else 0)
+        prompt = int(rng.integers(100, 6000))
+        hashes = tuple(range(1, -(-prompt // 512) + 1)) if prefix else ()
+        head = (prompt, int(rng.integers(2, 3000)), 1 if disaggregated else 0, hashes)
+        # cached: a random part of the head's chain, and an unrelated chain (evictable room only)
+        chains = [hashes[: int(rng.integers(0, len(hashes) + 1))], tuple(range(10**6, 10**6 + 8))] if prefix else []
+        make_kv = _kv_factory(capacity, block_bytes, bs, [c for c in chains if c])
         ratio0 = float(rng.uniform(adm.ratio_min, adm.ratio_init))
         generated0 = batch.generated.copy()
 
-        def verdict(free: int, after_steps: int, state=(batch, generated0, ratio0, head, n)) -> bool:
-            return _admits(adm, *state, free, after_steps, capacity, block_bytes, disaggregated)
+        def verdict(free: int, after_steps: int, state=(batch, generated0, ratio0, head, n), kv=make_kv) -> bool:
+            return _admits(adm, *state, free, after_steps, kv, disaggregated)
 
         lo, hi = 0, capacity  # the least free pool at which the head joins after one step (bisection)
         while lo < hi:
@@ -230,9 +260,8 @@ def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, overrid
         expected = next((j for j in range(steps) if verdict(int(free[j]), j + 1)), steps)
         batch.generated = generated0
         adm.new_token_ratio = ratio0
-        kv = KvState(capacity, 2**50, block_bytes, 0)
-        waiting = deque([Request(999, 0.0, head[0], head[1], head[2])])
-        assert adm.quiet_decisions(waiting, batch, kv, free, disaggregated) == expected, trial
+        kv = make_kv(int(free0))
+        assert adm.quiet_decisions(deque([_head(head)]), batch, kv, free, disaggregated) == expected, trial
         edges += 0 < expected < steps
     assert edges >= 15, edges  # the head joined mid-run often enough for the comparison to mean something
 
