@@ -77,7 +77,7 @@ class RunSpec(Spec):
 
     tables: Literal["all", "summary"] = "all"
     # Compute runs of decode steps in which nothing but the step index changes at once (sim/serving/replica.py
-    # ``_decode_run``; tested equal to stepping one by one, which ``false`` does).
+    # ``_decode_run``, sim/serving/decode_run.py; tested equal to stepping one by one, which ``false`` does).
     skip_ahead: bool = True
     table_format: Literal["auto", "csv", "parquet"] = "auto"
 

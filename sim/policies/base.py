@@ -62,10 +62,14 @@ class Policy:
     recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
     reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)
 
+    def is_steady(self, offloaded: np.ndarray) -> bool:
+        """Whether a batch with these requests offloaded (bool [n]) has steady steps: each costs what a dense step
+        of its batch and tokens costs, recalls nothing and draws no random numbers (this base class: never)."""
+        return False
+
     def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The next ``steps`` decode steps at once, when each would cost what :meth:`step_cost` gives for that step
-        with nothing recalled and every layer alike (the scheduler's skip-ahead, sim/serving/replica.py); None
-        when a step could recall or draw random numbers (this base class: always).
+        """The next ``steps`` decode steps at once when the batch is steady (:meth:`is_steady`), else None (the
+        scheduler's skip-ahead, sim/serving/decode_run.py).
 
         Args:
             ctx: int64 [n] KV tokens each request attends in the first of the steps (step i attends ``ctx + i``).
@@ -76,15 +80,8 @@ class Policy:
             (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
             :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
         """
-        return None
-
-    def is_steady(self, offloaded: np.ndarray) -> bool:
-        """Whether a batch with these requests offloaded (bool [n]) has steady steps (:meth:`steady_decode` gives
-        them); a cheap test the scheduler asks before computing a run."""
-        return False
-
-    def _dense_steps(self, ctx: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """(attended int64 [steps], layer seconds float64 [steps]) of ``steps`` dense steps from ``ctx``."""
+        if not self.is_steady(offloaded):
+            return None
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
         return attended, self.compute.decode_layer_s_many(len(ctx), attended)
 

@@ -18,10 +18,7 @@ class DenseServing(Policy):
         return -(-future_tokens // self.block_size)
 
     def is_steady(self, offloaded: np.ndarray) -> bool:
-        return True
-
-    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._dense_steps(ctx, steps)  # a dense step is a function of the batch and its tokens
+        return True  # a dense step is a function of the batch and its tokens
 
     def step_cost(
         self,

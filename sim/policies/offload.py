@@ -203,15 +203,9 @@ class OffloadServing(Policy):
         return cost
 
     def is_steady(self, offloaded: np.ndarray) -> bool:
+        """With no offloaded request and one micro-batch, :meth:`step_cost` returns the dense cost (the measured
+        selection time of no candidates is 0)."""
         return self.groups == 1 and not offloaded.any()
-
-    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Steps of a batch with no offloaded request in one micro-batch cost what a dense step costs (plus the
-        measured selection time of no candidates, 0): :meth:`step_cost`'s first return. Else None."""
-        if not self.is_steady(offloaded):
-            return None
-        attended, layer_s = self._dense_steps(ctx, steps)
-        return attended, layer_s + self._select_s(0.0)
 
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
         """Shared recall cache: the offloaded requests' expected working sets (budget blocks × KV heads for

@@ -86,10 +86,16 @@ class Admission:
         """Skip-ahead: k decode steps that recalled nothing (no stall, link idle), at once — what k rounds of
         ``observe(steps_s[i], 0.0, 0.0)`` then ``on_decode_step(attended_tokens[i])`` do, in the same float
         operations (tests/sim/test_skip_ahead.py)."""
-        ratio, ratio_min, decay = self.new_token_ratio, self.ratio_min, self.ratio_decay
-        for _ in range(len(steps_s)):
+        if steps_s:
+            self.new_token_ratio = self._decayed_ratios(len(steps_s))[-1]
+
+    def _decayed_ratios(self, steps: int) -> list[float]:
+        """``new_token_ratio`` after each of the next ``steps`` decode steps, decayed as :meth:`on_decode_step` does."""
+        ratio, ratio_min, decay, out = self.new_token_ratio, self.ratio_min, self.ratio_decay, []
+        for _ in range(steps):
             ratio = max(ratio_min, ratio - decay)
-        self.new_token_ratio = ratio
+            out.append(ratio)
+        return out
 
     # ---- the queue walk --------------------------------------------------------------------------
     def select(
@@ -127,7 +133,7 @@ class Admission:
     def quiet_decisions(
         self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool
     ) -> int:
-        """Skip-ahead (sim/serving/replica.py ``_decode_run``): at how many of the next scheduler decisions in a row
+        """Skip-ahead (sim/serving/decode_run.py): at how many of the next scheduler decisions in a row
         :meth:`select` would take no request, if only the batch's decode steps change the state in between.
 
         Decision j (from 0) comes after j + 1 more decode steps: each running request has generated j + 1 more
@@ -153,11 +159,7 @@ class Admission:
         host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
         if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
             return m  # waits for host DRAM or an offloaded slot, which decode steps do not free
-        ratios = np.empty(m)
-        ratio = self.new_token_ratio
-        for j in range(m):  # as on_decode_step decays it
-            ratio = max(self.ratio_min, ratio - self.ratio_decay)
-            ratios[j] = ratio
+        ratios = np.array(self._decayed_ratios(m))
         head_growth = pol.growth_one(min(req.output_tokens - req.generated, self.clip_max_new_tokens), offloaded)
         generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
         future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)

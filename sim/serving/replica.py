@@ -23,7 +23,7 @@ Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) 
 the replica itself only schedules. Token bookkeeping is in sim/serving/request.py.
 
 Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
-plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, :meth:`Replica._decode_run`) computes a
+plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, sim/serving/decode_run.py) computes a
 run of decode steps in which nothing but the step index changes at once: no recall, no event of another process,
 no admission, finish or preemption before its last step (docs/design.md §13; tested equal to stepping).
 """
@@ -41,6 +41,7 @@ import simpy
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
+from sim.serving.decode_run import plan_decode_run
 from sim.serving.kv import KvState, device_pool_blocks
 from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
@@ -49,8 +50,6 @@ from sim.step.timing import StepDevices, run_step
 
 if TYPE_CHECKING:
     from sim.policies.base import Policy
-
-MAX_RUN_STEPS = 4096  # most decode steps one skip-ahead run computes at once (bounds its [steps, batch] arrays)
 
 
 class Replica:
@@ -321,73 +320,30 @@ class Replica:
                 self._finish(r)
 
     def _decode_run(self) -> Generator[simpy.Event, object, bool]:
-        """Skip-ahead: run the next decode steps at once while nothing but the step index changes.
-
-        A run is the longest stretch of steps from now such that no request is mid-prefill, no queued request
-        would join before its last step (:meth:`Admission.quiet_decisions`), no retracted KV is in flight, no
-        other process's event comes before the run ends (``env.peek``), every step's new blocks fit without
-        eviction or preemption, the policy's steps recall nothing and draw nothing (:meth:`Policy.steady_decode`),
-        and no request finishes before the last step. Its step times are summed exactly as
-        :func:`sim.step.timing.run_step` sums them, one step after another, so the clock, the step rows, the
-        admission's feedback and every request's times equal what :meth:`_decode_step` gives step by step
-        (tests/sim/test_skip_ahead.py). Returns False, having done nothing, when fewer than two steps
-        qualify.
-        """
-        env, b, pol, kv = self.env, self.batch, self.policy, self.kv
-        if self.chunked is not None or self.swap_s > 0 or not pol.is_steady(b.offloaded):
+        """Skip-ahead: run the next decode steps at once while nothing but the step index changes
+        (sim/serving/decode_run.py); the clock, step rows, admission feedback and request times equal what
+        :meth:`_decode_step` gives step by step. Returns False, having done nothing, when no run qualifies."""
+        env, b, kv = self.env, self.batch, self.kv
+        if self.chunked is not None or self.swap_s > 0:
             return False
-        now, next_event_s = env.now, env.peek()
-        steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
-        if steps < 2 or next_event_s <= now:
+        run = plan_decode_run(self.policy, b, kv, self.waiting, self.disaggregated, env.now, env.peek())
+        if run is None:
             return False
-        compute = pol.compute
-        overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
-        # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
-        # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
-        first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
-        if next_event_s < math.inf:
-            steps = min(steps, int((next_event_s - now) / first_s) + 1)
-        if steps < 2:
-            return False
-        steady = pol.steady_decode(b.ctx + 1, b.offloaded, steps)
-        if steady is None:
-            return False
-        attended, layer_s = steady
-        times = [now]
-        for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
-            end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
-            if end_s >= next_event_s:
-                break
-            times.append(end_s)
-        k = len(times) - 1
-        if k < 2:
-            return False
-        ctx = b.ctx[None, :] + np.arange(1, k + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
-        held = pol.device_blocks(ctx, b.offloaded)  # int64 [k, n] blocks held in each step
-        need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
-        short = np.flatnonzero(need > kv.device.free)
-        k = int(short[0]) if len(short) else k  # the step that would evict or preempt runs the reference way
-        # the scheduler decides again before each later step: the run ends where a queued request would join
-        free = kv.device.free - need[: max(0, k - 1)]
-        k = min(k, 1 + self.admission.quiet_decisions(self.waiting, b, kv, free, self.disaggregated))
-        if k < 2 or now + (times[k] - now) != times[k]:  # the timeout must land exactly on the last step's end
-            return False
-        yield env.timeout(times[k] - now)
-        times_s = np.array(times[: k + 1])
-        self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), attended[:k].tolist())
-        blocks_used = kv.device.used + need[:k]
-        allocated = kv.device.allocate(int(need[k - 1]))
+        k, times_s = run.steps, run.times_s
+        yield env.timeout(float(times_s[-1]) - env.now)
+        self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())
+        blocks_used = kv.device.used + run.allocated_blocks
+        allocated = kv.device.allocate(int(run.allocated_blocks[-1]))
         assert allocated, "skip-ahead allocated more blocks than were free"
-        b.ctx = ctx[k - 1].copy()
+        b.ctx, b.blocks = run.ctx, run.blocks
         b.generated += k
         b.cold[:] = False
-        b.blocks = held[k - 1].copy()
         hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
         if self.debug:
             self._check_invariants(int(hbm_bytes[-1]))
         self.rec.d2h_busy_s = self.devices.d2h_busy_s
         self.rec.record_decode_run(
-            times_s, len(b), int(b.offloaded.sum()), attended[:k], blocks_used, hbm_bytes, kv.host.used
+            times_s, len(b), int(b.offloaded.sum()), run.attended_tokens, blocks_used, hbm_bytes, kv.host.used
         )
         self.rec.decode_tokens += len(b) * k
         self._finish_done()

@@ -1,0 +1,108 @@
+"""Skip-ahead planning: the longest run of decode steps from now in which nothing but the step index changes.
+
+Between two events of other processes (an arrival, a remote prefill finishing, another replica's step, the
+horizon), a batch whose steps recall nothing repeats one decision: decode one token for every running request.
+:func:`plan_decode_run` computes such a run at once — its step boundaries, tokens attended and blocks held — and
+the replica (sim/serving/replica.py ``Replica._decode_run``) applies it with one timeout. A run ends before:
+
+* the next event of another process (``next_event_s``, SimPy's ``env.peek()``);
+* the first step whose new blocks do not fit in the free pool (it would evict prefix-cache nodes or preempt:
+  the reference path does that);
+* the first later decision at which a queued request would join (:meth:`Admission.quiet_decisions`);
+* any request's finish after its last step (no request finishes inside a run).
+
+The policy must say its steps recall nothing and draw nothing (:meth:`Policy.steady_decode`). Exactness: layer
+times come from ``ComputeModel.decode_layer_s_many`` (the scalar formula's operations in the same order), each
+step's length is summed as :func:`sim.step.timing.run_step` sums it, and the clock advances step by step in Python
+floats, so a run lands on the times stepping gives (tests/sim/test_skip_ahead.py; docs/design.md §13).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.serving.kv import KvState
+from sim.serving.request import DecodeBatch, Request
+
+if TYPE_CHECKING:
+    from sim.policies.base import Policy
+
+MAX_RUN_STEPS = 4096  # most decode steps one run computes at once (bounds its [steps, batch] arrays)
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """k ≥ 2 decode steps computed at once."""
+
+    times_s: np.ndarray  # float64 [k + 1] step boundaries: step i runs from times_s[i] to times_s[i + 1]
+    attended_tokens: np.ndarray  # int64 [k] KV tokens read per layer in each step, summed over the batch
+    ctx: np.ndarray  # int64 [n] each request's cached tokens after the run
+    blocks: np.ndarray  # int64 [n] device blocks each request holds after the run
+    allocated_blocks: np.ndarray  # int64 [k] blocks allocated since the run began, after each step
+
+    @property
+    def steps(self) -> int:
+        return len(self.attended_tokens)
+
+
+def plan_decode_run(
+    policy: Policy,
+    batch: DecodeBatch,
+    kv: KvState,
+    waiting: deque[Request],
+    disaggregated: bool,
+    now_s: float,
+    next_event_s: float,
+) -> DecodeRun | None:
+    """The longest run of decode steps from ``now_s`` (module docstring), or None when fewer than two steps qualify.
+
+    Args:
+        policy: the replica's policy (steadiness, layer times, blocks held, admission).
+        batch: the running batch (not modified).
+        kv: the replica's KV pools (not modified).
+        waiting: the queue (not modified); its head may join at a later decision.
+        disaggregated: requests bring their KV from remote prefill (the admission's rule for queued requests).
+        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
+    """
+    b = batch
+    if not policy.is_steady(b.offloaded):
+        return None
+    steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
+    if steps < 2 or next_event_s <= now_s:
+        return None
+    compute = policy.compute
+    overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
+    # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
+    # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
+    first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
+    if next_event_s < math.inf:
+        steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
+    steady = policy.steady_decode(b.ctx + 1, b.offloaded, steps) if steps >= 2 else None
+    if steady is None:
+        return None
+    attended, layer_s = steady
+    times = [now_s]
+    for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
+        end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
+        if end_s >= next_event_s:
+            break
+        times.append(end_s)
+    k = len(times) - 1
+    if k < 2:
+        return None
+    ctx = b.ctx[None, :] + np.arange(1, k + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
+    held = policy.device_blocks(ctx, b.offloaded)  # int64 [k, n] blocks held in each step
+    need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
+    short = np.flatnonzero(need > kv.device.free)
+    k = int(short[0]) if len(short) else k  # the step that would evict or preempt runs the reference way
+    # the scheduler decides again before each later step: the run ends where a queued request would join
+    free = kv.device.free - need[: max(0, k - 1)]
+    k = min(k, 1 + policy.admission.quiet_decisions(waiting, b, kv, free, disaggregated))
+    if k < 2 or now_s + (times[k] - now_s) != times[k]:  # one timeout must land exactly on the last step's end
+        return None
+    return DecodeRun(np.array(times[: k + 1]), attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])
