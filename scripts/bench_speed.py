@@ -16,8 +16,10 @@ tree (current, baseline, current, baseline, ...), and reports the ratios current
 ratios measured side by side in one run.
 
 Columns: ``wall_s`` (whole process, start-up and table writing included), ``steps`` (prefill forwards + decode
-steps, rows of the steps table), ``us_per_step`` = wall / steps, ``us_per_request`` = wall / requests,
-``peak_rss_mib`` (the child's own ``ru_maxrss``). Peers' figures are the ones recorded for them on this
+steps, rows of the steps table), ``us_per_step`` = wall / steps, ``loop_s`` (seconds inside the SimPy event loop,
+``Fleet.run``: start-up, trace loading and table writing excluded), ``loop_us_per_step`` = loop / steps (the
+per-step cost of the simulation itself), ``us_per_request`` = wall / requests, ``peak_rss_mib`` (the child's own
+``ru_maxrss``). Peers' figures are the ones recorded for them on this
 machine class, not measured here; they are printed as ratios for the 8b / 70b rows at 5,000 requests only.
 
     python scripts/bench_speed.py [--requests 5000] [--repeats 3] [--cases 8b,70b,offloaded]
@@ -76,18 +78,34 @@ PEERS_S = {
     "70b": {"BLIS (Go, TP2)": 2.0},
 }
 PEER_REQUESTS = 5000
-COLUMNS = ["case", "policy", "tree", "requests", "wall_s", "steps", "us_per_step", "us_per_request", "peak_rss_mib"]
+COLUMNS = [
+    "case", "policy", "tree", "requests", "wall_s", "steps", "us_per_step", "loop_s", "loop_us_per_step",
+    "us_per_request", "peak_rss_mib",
+]  # fmt: skip
 
 # Runs ``python -m pulseinfer ARGS...`` in this process, then writes its own peak RSS (KiB on Linux) to RSS_FILE.
 CHILD = """
-import resource, runpy, sys
+import resource, runpy, sys, time
 rss_file = sys.argv[1]
 sys.argv = ["pulseinfer", *sys.argv[2:]]
+loop_s = [0.0]
+try:  # time the event loop (Fleet.run); a tree without it reports nan
+    from sim.serving.fleet import Fleet
+    real_run = Fleet.run
+    def timed_run(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return real_run(self, *args, **kwargs)
+        finally:
+            loop_s[0] += time.perf_counter() - started
+    Fleet.run = timed_run
+except Exception:
+    loop_s[0] = float("nan")
 try:
     runpy.run_module("pulseinfer", run_name="__main__", alter_sys=True)
 finally:
     with open(rss_file, "w") as f:
-        f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        f.write(f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} {loop_s[0]}")
 """
 
 
@@ -166,11 +184,12 @@ def count_steps(out_dir: Path) -> int:
         return sum(1 for _ in f) - 1
 
 
-def run_once(tree: Path, scenario: Path, out_dir: Path, extra_args: list[str]) -> tuple[float, int, float]:
+def run_once(tree: Path, scenario: Path, out_dir: Path, extra_args: list[str]) -> tuple[float, int, float, float]:
     """One fresh process ``python -m pulseinfer simulate SCENARIO`` with ``tree`` first on the path.
 
     Returns:
-        (wall seconds of the whole process, steps in its steps table, its peak RSS in MiB).
+        (wall seconds of the whole process, steps in its steps table, its peak RSS in MiB, seconds in the event
+        loop).
 
     Raises:
         RuntimeError: the run failed (its stderr's tail in the message).
@@ -184,8 +203,8 @@ def run_once(tree: Path, scenario: Path, out_dir: Path, extra_args: list[str]) -
     wall_s = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[3:])} (tree {tree}) failed:\n{proc.stderr[-2000:]}")
-    rss_mib = int(rss_file.read_text()) / 1024
-    return wall_s, count_steps(out_dir), rss_mib
+    rss_kib, loop_s = rss_file.read_text().split()
+    return wall_s, count_steps(out_dir), int(rss_kib) / 1024, float(loop_s)
 
 
 def _worktree(rev: str, folder: Path) -> Path:
@@ -228,11 +247,13 @@ def bench(
     samples: dict[tuple, list] = {}
     for i, (case, policy, n, scenario, _repeat, tree) in enumerate(tqdm(jobs, desc="bench", unit="run")):
         out = work / f"run-{i}"
-        wall_s, steps, rss = run_once(trees[tree], scenario, out, extra_args if tree == "current" else [])
-        samples.setdefault((case, policy, tree, n), []).append((wall_s, steps, rss))
+        samples.setdefault((case, policy, tree, n), []).append(
+            run_once(trees[tree], scenario, out, extra_args if tree == "current" else [])
+        )
     rows = []
     for (case, policy, tree, n), runs in samples.items():
-        wall_s = statistics.median(w for w, _, _ in runs)
+        wall_s = statistics.median(w for w, *_ in runs)
+        loop_s = statistics.median(run[3] for run in runs)
         steps = runs[0][1]
         rows.append(
             {
@@ -243,8 +264,10 @@ def bench(
                 "wall_s": wall_s,
                 "steps": steps,
                 "us_per_step": wall_s / steps * 1e6 if steps else np.nan,
+                "loop_s": loop_s,
+                "loop_us_per_step": loop_s / steps * 1e6 if steps else np.nan,
                 "us_per_request": wall_s / n * 1e6,
-                "peak_rss_mib": max(m for _, _, m in runs),
+                "peak_rss_mib": max(run[2] for run in runs),
             }
         )
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -261,6 +284,7 @@ def ratios(table: pd.DataFrame) -> pd.DataFrame:
         {
             "wall_vs_baseline": cur["wall_s"] / base["wall_s"],
             "us_per_step_vs_baseline": cur["us_per_step"] / base["us_per_step"],
+            "loop_vs_baseline": cur["loop_s"] / base["loop_s"],
             "peak_rss_vs_baseline": cur["peak_rss_mib"] / base["peak_rss_mib"],
         }
     )

@@ -137,6 +137,10 @@ class Recorder:
         self.layer_bytes += nbytes
         self.layer_fragments += fragments
         self.layer_stall_s += stall_s
+        self._bin_bytes(time_s, nbytes, end_s)
+
+    def _bin_bytes(self, time_s: float, nbytes: np.ndarray, end_s: float | None) -> None:
+        """Spread one step's per-layer bytes over the time bins it spans (see :meth:`add_layers`)."""
         bin_s = self.layer_bin_s
         end_s = time_s if end_s is None else max(end_s, time_s)
         first, last = int(time_s // bin_s), int(end_s // bin_s)
@@ -147,6 +151,31 @@ class Recorder:
             share = 1.0 if first == last else overlap_s / (end_s - time_s)
             acc = self.binned_bytes.setdefault(key, np.zeros(self.num_layers))
             acc += nbytes * share
+
+    def add_layers_run(
+        self, starts_s: np.ndarray, ends_s: np.ndarray, nbytes: np.ndarray, fragments: np.ndarray, stall_s: np.ndarray
+    ) -> None:
+        """:meth:`add_layers` of m steps in order (skip-ahead), equal to m calls: each float accumulator adds the
+        steps' values one after another (``np.cumsum`` along the steps is that sequential sum).
+
+        Args:
+            starts_s, ends_s: float64 [m] each step's start and end.
+            nbytes, fragments: int64 [m, num_layers]; stall_s: float64 [m, num_layers].
+        """
+        if not self.keep_steps or not len(starts_s):
+            return
+        self.layer_bytes += nbytes.sum(axis=0)
+        self.layer_fragments += fragments.sum(axis=0)
+        self.layer_stall_s = np.cumsum(np.vstack((self.layer_stall_s, stall_s)), axis=0)[-1]
+        bin_s = self.layer_bin_s
+        first, last = (starts_s // bin_s).astype(np.int64), (np.maximum(ends_s, starts_s) // bin_s).astype(np.int64)
+        if (first == last).all() and first[0] == first[-1]:  # one bin (the usual case): share 1 each
+            key = int(first[0])
+            acc = self.binned_bytes.setdefault(key, np.zeros(self.num_layers))
+            self.binned_bytes[key] = np.cumsum(np.vstack((acc, nbytes * 1.0)), axis=0)[-1]
+            return
+        for i in range(len(starts_s)):
+            self._bin_bytes(float(starts_s[i]), nbytes[i], float(ends_s[i]))
 
     def set_timeline(self, step_id: int, groups: int, intervals: list[tuple]) -> None:
         """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""
@@ -172,14 +201,18 @@ class Recorder:
         blocks_used: np.ndarray,
         hbm_bytes: np.ndarray,
         host_bytes: int,
+        recall: dict[str, np.ndarray] | None = None,
     ) -> None:
-        """Append k decode steps that recalled nothing at once (the scheduler's skip-ahead): the same rows and
-        totals as k calls of :meth:`record_step`.
+        """Append k decode steps at once (the scheduler's skip-ahead): the same rows and totals as k calls of
+        :meth:`record_step`.
 
         Args:
             times_s: float64 [k + 1] step boundaries (step i ran from ``times_s[i]`` to ``times_s[i + 1]``).
             attended_tokens, blocks_used, hbm_bytes: int64 [k] per step (device blocks and HBM bytes after it).
             host_bytes: host DRAM bytes used (unchanged over the run).
+            recall: per-step columns of steps that recall (``recall_bytes``, ``num_fragments``, ``num_transfers``,
+                ``selected_fragments`` int64 [k]; ``stall_s``, ``link_busy_s``, ``gather_busy_s`` float64 [k]);
+                None: they recalled nothing (all zero).
         """
         k = len(times_s) - 1
         durations_s = times_s[1:] - times_s[:-1]
@@ -187,7 +220,13 @@ class Recorder:
         t.num_steps += k
         t.decode_steps += k
         t.decode_durations_s.frombytes(durations_s.tobytes())
-        t.decode_stalls_s.frombytes(bytes(8 * k))  # no stall: 0.0 is eight zero bytes
+        if recall is None:
+            t.decode_stalls_s.frombytes(bytes(8 * k))  # no stall: 0.0 is eight zero bytes
+        else:
+            t.decode_stalls_s.frombytes(np.ascontiguousarray(recall["stall_s"], dtype=np.float64).tobytes())
+            t.decode_recall_bytes += int(recall["recall_bytes"].sum())
+            t.decode_fragments += int(recall["num_fragments"].sum())
+            t.decode_selected_fragments += int(recall["selected_fragments"].sum())
         t.decode_batch_sum += batch_size * k
         t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used.max()))
         if not self.keep_steps:
@@ -201,6 +240,8 @@ class Recorder:
             given["num_offloaded"] = np.full(k, num_offloaded, dtype=np.int64)
         if host_bytes:
             given["host_used_bytes"] = np.full(k, host_bytes, dtype=np.int64)
+        if recall is not None:
+            given.update(recall)
         for name, column in self._columns.items():
             values = given.get(name)
             if values is None:  # 0 (int) or 0.0 (float) in every step: all-zero bytes

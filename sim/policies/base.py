@@ -10,6 +10,7 @@ from sim.serving.admission import Admission
 from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
 from sim.step.cost import StepCost
+from sim.step.draws import RecallDraws
 
 
 class Policy:
@@ -90,7 +91,7 @@ class Policy:
         ctx: np.ndarray,
         offloaded: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator,
+        rng: np.random.Generator | RecallDraws,
         recall_state: np.ndarray | None = None,
         free_hbm_bytes: int = 0,
     ) -> StepCost:
@@ -99,7 +100,7 @@ class Policy:
         Args:
             ctx: int64 [n] KV tokens each request attends (cached tokens + the new one).
             offloaded: bool [n]; cold: bool [n] first step after (re)admission.
-            rng: the replica's seeded generator.
+            rng: the replica's recall draw streams (sim/step/draws.py), or a seeded generator to spawn them from.
             recall_state: float [n, recall_state_width] per-request recall state, updated in place.
             free_hbm_bytes: KV-pool bytes free now (a dynamically sized shared recall cache lives there).
         """

@@ -6,6 +6,7 @@ import numpy as np
 
 from sim.policies.base import Policy
 from sim.step.cost import StepCost
+from sim.step.draws import RecallDraws
 
 
 class DenseServing(Policy):
@@ -25,7 +26,7 @@ class DenseServing(Policy):
         ctx: np.ndarray,
         offloaded: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator,
+        rng: np.random.Generator | RecallDraws,
         recall_state: np.ndarray | None = None,
         free_hbm_bytes: int = 0,
     ) -> StepCost:

@@ -40,6 +40,7 @@ from sim.config import OffloadPolicy, Scenario
 from sim.policies.base import Policy
 from sim.serving.admission import Admission, IoAdaptiveAdmission, RecallBudget
 from sim.step.cost import InterruptPlan, StepCost
+from sim.step.draws import RecallDraws
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
@@ -139,7 +140,7 @@ class OffloadServing(Policy):
         ctx: np.ndarray,
         offloaded: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator,
+        rng: np.random.Generator | RecallDraws,
         recall_state: np.ndarray | None = None,
         free_hbm_bytes: int = 0,
     ) -> StepCost:

@@ -82,10 +82,16 @@ class Admission:
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         """Feedback from one decode step's timing (used by IO-adaptive admission)."""
 
-    def on_decode_run(self, steps_s: list[float], attended_tokens: list[int]) -> None:
-        """Skip-ahead: k decode steps that recalled nothing (no stall, link idle), at once — what k rounds of
-        ``observe(steps_s[i], 0.0, 0.0)`` then ``on_decode_step(attended_tokens[i])`` do, in the same float
-        operations (tests/sim/test_skip_ahead.py)."""
+    def on_decode_run(
+        self,
+        steps_s: list[float],
+        attended_tokens: list[int],
+        stalls_s: list[float] | None = None,
+        link_busy_s: list[float] | None = None,
+    ) -> None:
+        """Skip-ahead: k decode steps at once — what k rounds of ``observe(steps_s[i], stalls_s[i], link_busy_s[i])``
+        then ``on_decode_step(attended_tokens[i])`` do, in the same float operations (tests/sim/test_skip_ahead.py);
+        ``stalls_s`` / ``link_busy_s`` None: no stall, link idle (steps that recalled nothing)."""
         if steps_s:
             self.new_token_ratio = self._decayed_ratios(len(steps_s))[-1]
 
@@ -317,11 +323,17 @@ class RecallBudget:
         """AIMD update of φ from one decode step's measured stall and link use."""
         self.phi = _aimd(self.phi, self.stall_target, step_s, stall_s, link_busy_s)
 
-    def observe_idle(self, steps_s: list[float]) -> None:
-        """:meth:`observe` of each of these steps with no stall and the link idle (skip-ahead runs)."""
+    def observe_many(
+        self, steps_s: list[float], stalls_s: list[float] | None = None, link_busy_s: list[float] | None = None
+    ) -> None:
+        """:meth:`observe` of each of these steps in order (skip-ahead runs); None: no stall, the link idle."""
         phi, target = self.phi, self.stall_target
-        for step_s in steps_s:
-            phi = _aimd(phi, target, step_s, 0.0, 0.0)
+        if stalls_s is None or link_busy_s is None:
+            for step_s in steps_s:
+                phi = _aimd(phi, target, step_s, 0.0, 0.0)
+        else:
+            for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
+                phi = _aimd(phi, target, step_s, stall_s, busy_s)
         self.phi = phi
 
 
@@ -369,9 +381,15 @@ class IoAdaptiveAdmission(Admission):
     def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
         self.budget.observe(step_s, stall_s, link_busy_s)
 
-    def on_decode_run(self, steps_s: list[float], attended_tokens: list[int]) -> None:
+    def on_decode_run(
+        self,
+        steps_s: list[float],
+        attended_tokens: list[int],
+        stalls_s: list[float] | None = None,
+        link_busy_s: list[float] | None = None,
+    ) -> None:
         super().on_decode_run(steps_s, attended_tokens)
-        self.budget.observe_idle(steps_s)
+        self.budget.observe_many(steps_s, stalls_s, link_busy_s)
         self.last_attended = attended_tokens[-1]
 
     def dense_fallback(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float) -> bool:

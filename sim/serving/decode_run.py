@@ -95,14 +95,30 @@ def plan_decode_run(
     k = len(times) - 1
     if k < 2:
         return None
-    ctx = b.ctx[None, :] + np.arange(1, k + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
+    k, ctx, held, need = fitting_steps(policy, b, kv, waiting, disaggregated, k)
+    if k < 2 or not lands_exactly(now_s, times[k]):
+        return None
+    return DecodeRun(np.array(times[: k + 1]), attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])
+
+
+def fitting_steps(
+    policy: Policy, batch: DecodeBatch, kv: KvState, waiting: deque[Request], disaggregated: bool, steps: int
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """How many of the next ``steps`` decode steps fit without evicting, preempting or admitting, with the batch's
+    KV tokens, blocks held (int64 [steps, n] each) and blocks allocated since now (int64 [steps]) at each step."""
+    b = batch
+    ctx = b.ctx[None, :] + np.arange(1, steps + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
     held = policy.device_blocks(ctx, b.offloaded)  # int64 [k, n] blocks held in each step
     need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
     short = np.flatnonzero(need > kv.device.free)
-    k = int(short[0]) if len(short) else k  # the step that would evict or preempt runs the reference way
+    k = int(short[0]) if len(short) else steps  # the step that would evict or preempt runs the reference way
     # the scheduler decides again before each later step: the run ends where a queued request would join
     free = kv.device.free - need[: max(0, k - 1)]
     k = min(k, 1 + policy.admission.quiet_decisions(waiting, b, kv, free, disaggregated))
-    if k < 2 or now_s + (times[k] - now_s) != times[k]:  # one timeout must land exactly on the last step's end
-        return None
-    return DecodeRun(np.array(times[: k + 1]), attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])
+    return k, ctx, held, need
+
+
+def lands_exactly(now_s: float, end_s: float) -> bool:
+    """Whether one timeout of ``end_s − now_s`` from ``now_s`` lands exactly on ``end_s`` (SimPy adds the delay to
+    the clock), as the steps' own timeouts did."""
+    return now_s + (end_s - now_s) == end_s

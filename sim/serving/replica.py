@@ -43,9 +43,11 @@ from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
 from sim.serving.decode_run import plan_decode_run
 from sim.serving.kv import KvState, device_pool_blocks
+from sim.serving.offload_run import plan_offloaded_run
 from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
 from sim.step.cost import StepCost
+from sim.step.draws import RecallDraws
 from sim.step.timing import StepDevices, run_step
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ class Replica:
         on_finish: Callable[[Request], None] | None = None,
     ) -> None:
         self.env, self.scenario, self.policy, self.rng, self.rec = env, scenario, policy, rng, recorder
+        self.draws = RecallDraws(rng)  # the recall model's streams (sim/step/draws.py)
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
@@ -288,7 +291,7 @@ class Replica:
             return
         ctx = b.ctx + 1
         free_hbm_bytes = self.kv.device.free * self.kv.block_bytes
-        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.rng, b.recall_state, free_hbm_bytes)
+        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
         timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)
@@ -321,21 +324,73 @@ class Replica:
 
     def _decode_run(self) -> Generator[simpy.Event, object, bool]:
         """Skip-ahead: run the next decode steps at once while nothing but the step index changes
-        (sim/serving/decode_run.py); the clock, step rows, admission feedback and request times equal what
-        :meth:`_decode_step` gives step by step. Returns False, having done nothing, when no run qualifies."""
-        env, b, kv = self.env, self.batch, self.kv
+        (sim/serving/decode_run.py; with offloaded requests sim/serving/offload_run.py); the clock, step rows,
+        admission feedback and request times equal what :meth:`_decode_step` gives step by step. Returns False,
+        having done nothing, when no run qualifies."""
+        env, b = self.env, self.batch
         if self.chunked is not None or self.swap_s > 0:
             return False
-        run = plan_decode_run(self.policy, b, kv, self.waiting, self.disaggregated, env.now, env.peek())
+        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, env.peek())
         if run is None:
-            return False
-        k, times_s = run.steps, run.times_s
+            return (yield from self._offloaded_run())
+        times_s = run.times_s
         yield env.timeout(float(times_s[-1]) - env.now)
         self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())
-        blocks_used = kv.device.used + run.allocated_blocks
-        allocated = kv.device.allocate(int(run.allocated_blocks[-1]))
+        self._apply_run(times_s, run.attended_tokens, run.ctx, run.blocks, run.allocated_blocks)
+        return True
+
+    def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
+        """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
+        env, b, rec, dev = self.env, self.batch, self.rec, self.devices
+        run = plan_offloaded_run(
+            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, env.peek()
+        )
+        if run is None:
+            return False
+        k, times_s, costs = run.steps, run.times_s, run.costs
+        yield env.timeout(float(times_s[-1]) - env.now)
+        state = b.recall_state[b.offloaded] if self.policy.recall_state_width else None
+        costs.recall.commit(k, state)
+        if state is not None:
+            b.recall_state[b.offloaded] = state
+        dev.link_free_s, dev.d2h_free_s, dev.d2h_busy_s = run.link_free_s, run.d2h_free_s, run.d2h_busy_s
+        attended = costs.attended_tokens[:k]
+        busy, gather = run.link_busy_s.tolist(), run.gather_busy_s.tolist()
+        steps_s = (times_s[1:] - times_s[:-1]).tolist()
+        self.admission.on_decode_run(steps_s, attended.tolist(), run.stall_s.tolist(), busy)
+        for link_s, gather_s in zip(busy, gather, strict=True):  # the totals add step by step, as stepping does
+            rec.link_busy_s += link_s
+            rec.gather_busy_s += gather_s
+        recalled = np.flatnonzero(costs.has_recall[:k])
+        rec.recall_steps += len(recalled)
+        rec.add_layers_run(
+            times_s[recalled], times_s[recalled + 1], costs.layer_bytes[recalled], costs.layer_fragments[recalled],
+            run.layer_stall_s[recalled],
+        )  # fmt: skip
+        columns = {
+            "recall_bytes": costs.recall_bytes[:k], "num_fragments": costs.num_fragments[:k],
+            "num_transfers": costs.num_transfers[:k], "selected_fragments": costs.selected_fragments[:k],
+            "stall_s": run.stall_s, "link_busy_s": run.link_busy_s, "gather_busy_s": run.gather_busy_s,
+        }  # fmt: skip
+        self._apply_run(times_s, attended, run.ctx, run.blocks, run.allocated_blocks, columns)
+        return True
+
+    def _apply_run(
+        self,
+        times_s: np.ndarray,
+        attended: np.ndarray,
+        ctx: np.ndarray,
+        blocks: np.ndarray,
+        allocated_blocks: np.ndarray,
+        recall: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """What a run's k steps leave behind: blocks allocated, the batch advanced, step rows, finished requests."""
+        b, kv = self.batch, self.kv
+        k = len(attended)
+        blocks_used = kv.device.used + allocated_blocks
+        allocated = kv.device.allocate(int(allocated_blocks[-1]))
         assert allocated, "skip-ahead allocated more blocks than were free"
-        b.ctx, b.blocks = run.ctx, run.blocks
+        b.ctx, b.blocks = ctx, blocks
         b.generated += k
         b.cold[:] = False
         hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
@@ -343,11 +398,10 @@ class Replica:
             self._check_invariants(int(hbm_bytes[-1]))
         self.rec.d2h_busy_s = self.devices.d2h_busy_s
         self.rec.record_decode_run(
-            times_s, len(b), int(b.offloaded.sum()), run.attended_tokens, blocks_used, hbm_bytes, kv.host.used
+            times_s, len(b), int(b.offloaded.sum()), attended, blocks_used, hbm_bytes, kv.host.used, recall
         )
         self.rec.decode_tokens += len(b) * k
         self._finish_done()
-        return True
 
     def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
         """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.step.draws import RecallDraws, as_draws
 from sim.step.link import LinkModel
 
 
@@ -122,25 +123,30 @@ class RecallModel:
         st = self.stats
         return st.request_sigma > 0 or st.layer_sigma > 0 or st.drift_sigma > 0 or st.burst_prob > 0
 
-    def _join(self, state: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> None:
-        """Draw the persistent factors of the requests in ``rows`` (bool [n]), which just joined the batch."""
+    def join_draws(self, m: int) -> int:
+        """Normals :meth:`_join` takes from the ``join`` stream for ``m`` joining requests."""
+        return m * (self.num_layers + 2)
+
+    def _join(self, state: np.ndarray, rows: np.ndarray, z: np.ndarray) -> None:
+        """Set the persistent factors of the requests in ``rows`` (bool [n]), which just joined the batch, from
+        ``z``: float64 [join_draws(m)] standard normals (per request, per (request, layer), the drift's start)."""
         st, L, m = self.stats, self.num_layers, int(rows.sum())
-        z_request = rng.standard_normal(m)[:, None]
-        z_layer = rng.standard_normal((m, L))
+        z_request = z[:m, None]
+        z_layer = z[m : m + m * L].reshape(m, L)
         mean_fix = 0.5 * (st.request_sigma**2 + st.layer_sigma**2)
         state[rows, :L] = st.request_sigma * z_request + st.layer_sigma * z_layer - mean_fix
-        state[rows, L] = rng.standard_normal(m)  # the drift starts in its stationary distribution
+        state[rows, L] = z[m + m * L :]  # the drift starts in its stationary distribution
         state[rows, L + 1] = 0.0
 
-    def _advance(self, state: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def _advance(self, state: np.ndarray, draws: RecallDraws) -> tuple[np.ndarray, np.ndarray]:
         """One step of every request's drift and topic shifts: (log-factor float [n, L], in a shift bool [n])."""
         st, L, n = self.stats, self.num_layers, len(state)
-        x = st.drift_corr * state[:, L] + np.sqrt(1.0 - st.drift_corr**2) * rng.standard_normal(n)
+        x = st.drift_corr * state[:, L] + np.sqrt(1.0 - st.drift_corr**2) * draws.drift.take(n)
         state[:, L] = x
         left = state[:, L + 1]
         if st.burst_prob > 0:
-            start = (left <= 0) & (rng.random(n) < st.burst_prob)
-            left = np.where(start, rng.geometric(1.0 / st.burst_steps, n), left)
+            start = (left <= 0) & (draws.burst.take(n) < st.burst_prob)
+            left = np.where(start, draws.geometric(1.0 / st.burst_steps).take(n), left)
         shifting = left > 0
         state[:, L + 1] = np.maximum(left - 1, 0)
         log_factor = state[:, :L] + st.drift_sigma * x[:, None] - 0.5 * st.drift_sigma**2
@@ -148,12 +154,12 @@ class RecallModel:
 
     # ---- buffer and cache hits ---------------------------------------------------------------------
     def buffer_hit(self, selected: np.ndarray) -> np.ndarray:
-        """Per-request recall buffer: fraction of returning blocks still buffered, float [n, L].
+        """Per-request recall buffer: fraction of returning blocks still buffered, float [..., n, L] for int [..., n].
 
         A returning block left the selection j steps ago (j uniform in 1..w); the LRU buffer of B blocks still
         holds it when k + j·(W − k)/w ≤ B, hence h = clip((B − k) / (W − k), 0, 1) with W − k = k · growth.
         """
-        k = np.maximum(selected, 1)[:, None].astype(float)
+        k = np.maximum(selected, 1)[..., None].astype(float)
         return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
 
     def shared_hit(self, selected: np.ndarray, capacity_fragments: float) -> tuple[float, bool]:
@@ -179,7 +185,7 @@ class RecallModel:
         self,
         selected: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator,
+        rng: np.random.Generator | RecallDraws,
         state: np.ndarray | None = None,
         cache_fragments: float | None = None,
     ) -> np.ndarray:
@@ -188,7 +194,7 @@ class RecallModel:
         Args:
             selected: int64 [n] blocks selected per layer (per head for head-wise).
             cold: bool [n], first step after (re)admission: everything is recalled, persistent factors are drawn.
-            rng: the simulation's seeded generator.
+            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
             state: float [n, state_width] per-request recall state (updated in place), or None for independent
                 draws.
             cache_fragments: capacity of the shared recall cache in fragments, or None for per-request buffers.
@@ -198,15 +204,16 @@ class RecallModel:
             q = np.full((n, self.num_layers), self.fixed_miss_frac)
             q[cold] = 1.0
             return q
-        u = rng.random((n, self.num_layers))
+        draws = as_draws(rng)
+        u = draws.change.take(n * self.num_layers).reshape(n, self.num_layers)
         change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
         if self.selection == "headwise":
             change *= self.stats.headwise_miss_ratio
         shifting = None
         if state is not None and self.structured:
             if cold.any():
-                self._join(state, cold, rng)
-            log_factor, shifting = self._advance(state, rng)
+                self._join(state, cold, draws.join.take(self.join_draws(int(cold.sum()))))
+            log_factor, shifting = self._advance(state, draws)
             change *= np.exp(log_factor)
         np.minimum(change, 1.0, out=change)
         if cache_fragments is None:
@@ -221,7 +228,9 @@ class RecallModel:
         q[cold] = 1.0
         return q
 
-    def fresh_misses(self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator) -> np.ndarray | int:
+    def fresh_misses(
+        self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator | RecallDraws
+    ) -> np.ndarray | int:
         """Fragments of the block that just left the recent window, recalled where a layer selects it (int [n, L]).
 
         Every ``block_size`` tokens a block leaves the window for the host; each layer selects it at once with
@@ -232,14 +241,15 @@ class RecallModel:
         if frac <= 0 or not fresh.any() or self.fixed_miss_frac is not None:
             return 0
         out = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
-        out[fresh] = rng.binomial(self.heads, frac, size=(int(fresh.sum()), self.num_layers))
+        m = int(fresh.sum())
+        out[fresh] = as_draws(rng).binomial(self.heads, frac).take(m * self.num_layers).reshape(m, self.num_layers)
         return out
 
     def step(
         self,
         ctx: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator,
+        rng: np.random.Generator | RecallDraws,
         groups: np.ndarray | None = None,
         num_groups: int = 1,
         state: np.ndarray | None = None,
@@ -250,7 +260,7 @@ class RecallModel:
         Args:
             ctx: int64 [n], KV tokens of each offloaded request.
             cold: bool [n], recall buffer empty (first step after admission).
-            rng: the simulation's seeded generator.
+            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
             groups: int [n] micro-batch group of each request (None: all in group 0).
             num_groups: G.
             state: float [n, state_width] per-request recall state (see :meth:`miss_frac`), or None.
@@ -267,9 +277,11 @@ class RecallModel:
             copy_s = np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0)  # at least one call's cost
             contiguous = np.bincount(gid, weights=copy_s, minlength=G)
             return LayerRecall(nbytes, frags, contiguous, int(frags.sum()))
-        q = self.miss_frac(selected, cold, rng, state, cache_fragments)
-        missing = np.floor((selected * self.heads)[:, None] * q + rng.random(q.shape)).astype(np.int64)
-        missing += self.fresh_misses(ctx, cold, rng)
+        draws = as_draws(rng)
+        q = self.miss_frac(selected, cold, draws, state, cache_fragments)
+        rounding = draws.rounding.take(q.size).reshape(q.shape)
+        missing = np.floor((selected * self.heads)[:, None] * q + rounding).astype(np.int64)
+        missing += self.fresh_misses(ctx, cold, draws)
         if G == 1:
             frags = missing.sum(axis=0)[None, :]
         else:

@@ -119,7 +119,7 @@ def run_step(
         return None
     recall_s = cost.recall_s if slow == 1.0 or cost.recall_s is None else [r * slow for r in cost.recall_s]
     if cost.interrupt is not None:
-        plan = _stretched(cost.interrupt, slow)
+        plan = stretched(cost.interrupt, slow)
         if devices.interruptible_fast is not None and intervals is None:
             timing = devices.interruptible_fast(
                 start + overhead_s, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
@@ -146,7 +146,7 @@ def run_step(
     return timing
 
 
-def _stretched(plan: InterruptPlan, slow: float) -> InterruptPlan:
+def stretched(plan: InterruptPlan, slow: float) -> InterruptPlan:
     """The plan with each job's copy share ``slow`` times longer (its service grows by the extra copy time);
     jobs with no service are left as they are."""
     if slow == 1.0:

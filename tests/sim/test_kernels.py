@@ -21,7 +21,7 @@ from sim import ScenarioError, load_scenario
 from sim.run import simulate
 from sim.step.cost import InterruptPlan
 from sim.step.interrupt import run_interruptible
-from sim.step.timing import _stretched
+from sim.step.timing import stretched
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed: pip install -e '.[fast]'")
@@ -66,7 +66,7 @@ def test_compiled_equals_reference_on_random_plans(seed, n, lookahead, chunk_byt
 
 def test_stretch_lengthens_copy_share_of_present_jobs_only():
     jobs = np.array([[1e6, 3.0, 2.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    plan = _stretched(InterruptPlan(jobs, jobs.copy(), 1, 65536), 1.5)
+    plan = stretched(InterruptPlan(jobs, jobs.copy(), 1, 65536), 1.5)
     # copy 2 s runs 1.5× longer: +1 s on the service and on the copy; the gather share is untouched
     assert plan.prefetch.tolist() == [[1e6, 4.0, 3.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
     assert jobs[0, 1] == 3.0  # the input plan is not modified

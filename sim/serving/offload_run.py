@@ -1,0 +1,129 @@
+"""Skip-ahead over offloaded decode steps: runs whose steps recall, timed one after another in one pass.
+
+A batch holding offloaded requests recalls at every step, and each step's recall is random, so no two steps cost
+the same; but between two events of other processes its steps still repeat one decision. :func:`plan_offloaded_run`
+computes the next k such steps' costs at once (sim/policies/offload_run.py: layer times, recall draws, interruptible
+plans as [k, ...] arrays), then times them in order through the same D2H queue, slowdown and compiled interruptible
+pipeline that :func:`sim.step.timing.run_step` uses, carrying the link's state from step to step, and stops before
+the first step that would end at or after the next event (or that the timeline records). Nothing is changed until
+the replica applies the run (``Replica._offloaded_run``): the draws of steps that did not fit stay in their streams
+for the steps that follow. A run also ends where the dense one does (sim/serving/decode_run.py): at a step whose
+blocks do not fit, a request's last token, or a decision at which a queued request would join.
+
+Needs the compiled kernels (numba; otherwise every step is stepped) and a policy that
+:func:`~sim.policies.offload_run.runs_offloaded` covers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.policies.offload_run import OffloadRunCosts, offload_run_costs, runs_offloaded
+from sim.serving.decode_run import MAX_RUN_STEPS, fitting_steps, lands_exactly
+from sim.serving.kv import KvState
+from sim.serving.request import DecodeBatch, Request
+from sim.step.draws import RecallDraws
+from sim.step.run_kernel import time_run
+from sim.step.timing import StepDevices
+
+if TYPE_CHECKING:
+    from sim.metrics.recorder import Recorder
+    from sim.policies.base import Policy
+
+MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one offloaded run draws at once (~2 MiB an array)
+
+
+@dataclass(slots=True)
+class OffloadedRun:
+    """j ≥ 2 offloaded decode steps, timed; applied by the replica."""
+
+    times_s: np.ndarray  # float64 [j + 1] step boundaries
+    costs: OffloadRunCosts  # arrays over the planned k ≥ j steps (the first j ran)
+    stall_s: np.ndarray  # float64 [j] per step
+    link_busy_s: np.ndarray  # float64 [j]
+    gather_busy_s: np.ndarray  # float64 [j]
+    layer_stall_s: np.ndarray  # float64 [j, L] (zeros for a step that recalled nothing)
+    link_free_s: float  # the link's queue end after the run
+    d2h_free_s: float  # the D2H queue's end after the run
+    d2h_busy_s: float  # D2H seconds queued since the replica started, after the run
+    ctx: np.ndarray  # int64 [n] after the run
+    blocks: np.ndarray  # int64 [n] after the run
+    allocated_blocks: np.ndarray  # int64 [j] since the run began, after each step
+
+    @property
+    def steps(self) -> int:
+        return len(self.times_s) - 1
+
+
+def plan_offloaded_run(
+    policy: Policy,
+    batch: DecodeBatch,
+    kv: KvState,
+    waiting: deque[Request],
+    disaggregated: bool,
+    devices: StepDevices,
+    draws: RecallDraws,
+    recorder: Recorder,
+    now_s: float,
+    next_event_s: float,
+) -> OffloadedRun | None:
+    """The next run of offloaded decode steps from ``now_s`` (module docstring), or None when fewer than two fit.
+
+    Args:
+        policy: the replica's policy; batch, kv, waiting: the replica's state (not modified).
+        disaggregated: requests bring their KV from remote prefill (the admission's rule for queued requests).
+        devices: the replica's link and D2H state (read, not modified).
+        draws: the replica's streams (peeked, not consumed).
+        recorder: read for the recalling steps so far (the timeline's step is stepped, to record its intervals).
+        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
+    """
+    b, pol = batch, policy
+    if (
+        devices.interruptible_fast is None
+        or not b.offloaded.any()
+        or not hasattr(pol, "recall")
+        or not runs_offloaded(pol)
+    ):
+        return None
+    if next_event_s <= now_s or devices.layer_events:
+        return None
+    num_layers = pol.num_layers
+    cells = len(b) * num_layers
+    steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS, max(2, MAX_RUN_CELLS // cells))
+    compute = pol.compute
+    overhead_s, head_s = compute.step_overhead_s, compute.decode_head_s(len(b))
+    if next_event_s < math.inf:  # a step takes at least its compute; offloaded requests attend at least the budget
+        ctx0 = b.ctx + 1
+        least = int(np.where(b.offloaded, np.minimum(ctx0, pol.sparse_tokens), ctx0).sum())
+        first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), least) + head_s
+        steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
+    if steps < 2:
+        return None
+    k, ctx, held, need = fitting_steps(pol, b, kv, waiting, disaggregated, steps)
+    if k < 2:
+        return None
+    ctx, held, need = ctx[:k], held[:k], need[:k]
+    free_hbm_bytes = (kv.device.free - need) * kv.block_bytes
+    costs = offload_run_costs(pol, ctx, b.offloaded, b.cold, draws, b.recall_state, free_hbm_bytes)
+    d2h = devices.d2h
+    queues = d2h is not None and costs.d2h_bytes > 0
+    d2h_s = d2h.d2h_s(costs.d2h_bytes) if queues else -1.0
+    coupling = d2h.d2h_coupling if d2h is not None else 0.0
+    seen, timeline_step = recorder.recall_steps, recorder.timeline_step
+    stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
+    j, times, stall, busy, gather, layer_stall, *state = time_run(
+        now_s, costs.layer_s, num_layers, costs.has_recall, costs.prefetch, costs.correction, costs.lookahead_items,
+        costs.chunk_bytes, overhead_s, head_s, (d2h_s, coupling, d2h is not None),
+        (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), next_event_s, stop_recall,
+    )  # fmt: skip
+    if j < 2 or not lands_exactly(now_s, float(times[j])):
+        return None
+    return OffloadedRun(
+        times[: j + 1], costs, stall[:j], busy[:j], gather[:j], layer_stall[:j], *state,
+        ctx[j - 1].copy(), held[j - 1].copy(), need[:j],
+    )  # fmt: skip
