@@ -34,6 +34,7 @@ from sim.step.timing import StepDevices
 if TYPE_CHECKING:
     from sim.metrics.recorder import Recorder
     from sim.policies.base import Policy
+    from sim.serving.admission import Admission
 
 MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one offloaded run draws at once (~2 MiB an array)
 
@@ -58,6 +59,36 @@ class OffloadedRun:
     @property
     def steps(self) -> int:
         return len(self.times_s) - 1
+
+    def commit(
+        self, batch: DecodeBatch, devices: StepDevices, admission: Admission, recorder: Recorder, state_width: int
+    ) -> dict[str, np.ndarray]:
+        """What the run's steps leave in the recall state, the devices, the admission and the recorder's totals and
+        per-layer records, as stepping leaves them; returns the step table's recall columns (int64 / float64 [j])
+        for ``Recorder.record_decode_run``. The batch's tokens, blocks and step rows are the replica's part."""
+        k, times_s, costs, rec = self.steps, self.times_s, self.costs, recorder
+        state = batch.recall_state[batch.offloaded] if state_width else None
+        costs.recall.commit(k, state)
+        if state is not None:
+            batch.recall_state[batch.offloaded] = state
+        devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = self.link_free_s, self.d2h_free_s, self.d2h_busy_s
+        busy, gather = self.link_busy_s.tolist(), self.gather_busy_s.tolist()
+        steps_s = (times_s[1:] - times_s[:-1]).tolist()
+        admission.on_decode_run(steps_s, costs.attended_tokens[:k].tolist(), self.stall_s.tolist(), busy)
+        for link_s, gather_s in zip(busy, gather, strict=True):  # the totals add step by step, as stepping does
+            rec.link_busy_s += link_s
+            rec.gather_busy_s += gather_s
+        recalled = np.flatnonzero(costs.has_recall[:k])
+        rec.recall_steps += len(recalled)
+        rec.add_layers_run(
+            times_s[recalled], times_s[recalled + 1], costs.layer_bytes[recalled], costs.layer_fragments[recalled],
+            self.layer_stall_s[recalled],
+        )  # fmt: skip
+        return {
+            "recall_bytes": costs.recall_bytes[:k], "num_fragments": costs.num_fragments[:k],
+            "num_transfers": costs.num_transfers[:k], "selected_fragments": costs.selected_fragments[:k],
+            "stall_s": self.stall_s, "link_busy_s": self.link_busy_s, "gather_busy_s": self.gather_busy_s,
+        }  # fmt: skip
 
 
 def plan_offloaded_run(

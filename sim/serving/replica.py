@@ -347,32 +347,11 @@ class Replica:
         )
         if run is None:
             return False
-        k, times_s, costs = run.steps, run.times_s, run.costs
-        yield env.timeout(float(times_s[-1]) - env.now)
-        state = b.recall_state[b.offloaded] if self.policy.recall_state_width else None
-        costs.recall.commit(k, state)
-        if state is not None:
-            b.recall_state[b.offloaded] = state
-        dev.link_free_s, dev.d2h_free_s, dev.d2h_busy_s = run.link_free_s, run.d2h_free_s, run.d2h_busy_s
-        attended = costs.attended_tokens[:k]
-        busy, gather = run.link_busy_s.tolist(), run.gather_busy_s.tolist()
-        steps_s = (times_s[1:] - times_s[:-1]).tolist()
-        self.admission.on_decode_run(steps_s, attended.tolist(), run.stall_s.tolist(), busy)
-        for link_s, gather_s in zip(busy, gather, strict=True):  # the totals add step by step, as stepping does
-            rec.link_busy_s += link_s
-            rec.gather_busy_s += gather_s
-        recalled = np.flatnonzero(costs.has_recall[:k])
-        rec.recall_steps += len(recalled)
-        rec.add_layers_run(
-            times_s[recalled], times_s[recalled + 1], costs.layer_bytes[recalled], costs.layer_fragments[recalled],
-            run.layer_stall_s[recalled],
-        )  # fmt: skip
-        columns = {
-            "recall_bytes": costs.recall_bytes[:k], "num_fragments": costs.num_fragments[:k],
-            "num_transfers": costs.num_transfers[:k], "selected_fragments": costs.selected_fragments[:k],
-            "stall_s": run.stall_s, "link_busy_s": run.link_busy_s, "gather_busy_s": run.gather_busy_s,
-        }  # fmt: skip
-        self._apply_run(times_s, attended, run.ctx, run.blocks, run.allocated_blocks, columns)
+        yield env.timeout(float(run.times_s[-1]) - env.now)
+        recall = run.commit(b, dev, self.admission, rec, self.policy.recall_state_width)
+        self._apply_run(
+            run.times_s, run.costs.attended_tokens[: run.steps], run.ctx, run.blocks, run.allocated_blocks, recall
+        )
         return True
 
     def _apply_run(
