@@ -40,7 +40,7 @@ class DrawStream:
         """The next ``count`` values without consuming them (a read-only view, shape [count])."""
         buf, pos = self._buf, self._pos
         have = 0 if buf is None else len(buf) - pos
-        if have < count:
+        if have < count or buf is None:
             new = self._draw(max(self._chunk, count - have))
             buf = new if not have else np.concatenate((buf[pos:], new))
             buf.flags.writeable = False
