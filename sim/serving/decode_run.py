@@ -11,7 +11,9 @@ the replica (sim/serving/replica.py ``Replica._decode_run``) applies it with one
 * the first later decision at which a queued request would join (:meth:`Admission.quiet_decisions`);
 * any request's finish after its last step (no request finishes inside a run).
 
-The policy must say its steps recall nothing and draw nothing (:meth:`Policy.steady_decode`). Exactness: layer
+The policy must say its steps recall nothing and draw nothing (:meth:`Policy.steady_decode`); batches whose
+steps recall are planned by sim/serving/offload_run.py, which shares :func:`fitting_steps` and
+:func:`lands_exactly`. Exactness: layer
 times come from ``ComputeModel.decode_layer_s_many`` (the scalar formula's operations in the same order), each
 step's length is summed as :func:`sim.step.timing.run_step` sums it, and the clock advances step by step in Python
 floats, so a run lands on the times stepping gives (tests/sim/test_skip_ahead.py; docs/design.md §13).

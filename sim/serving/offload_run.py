@@ -28,7 +28,6 @@ from sim.serving.decode_run import MAX_RUN_STEPS, fitting_steps, lands_exactly
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 from sim.step.draws import RecallDraws
-from sim.step.run_kernel import time_run
 from sim.step.timing import StepDevices
 
 if TYPE_CHECKING:
@@ -115,10 +114,10 @@ def plan_offloaded_run(
     """
     b, pol = batch, policy
     if (
-        devices.interruptible_fast is None
-        or not b.offloaded.any()
+        not b.offloaded.any()
         or not hasattr(pol, "recall")
         or not runs_offloaded(pol)
+        or devices.interruptible_fast is None  # (imports numba: asked last)
     ):
         return None
     if next_event_s <= now_s or devices.layer_events:
@@ -141,6 +140,8 @@ def plan_offloaded_run(
     ctx, held, need = ctx[:k], held[:k], need[:k]
     free_hbm_bytes = (kv.device.free - need) * kv.block_bytes
     costs = offload_run_costs(pol, ctx, b.offloaded, b.cold, draws, b.recall_state, free_hbm_bytes)
+    from sim.step.run_kernel import time_run  # imports numba (loaded already by interruptible_fast)
+
     d2h = devices.d2h
     queues = d2h is not None and costs.d2h_bytes > 0
     d2h_s = d2h.d2h_s(costs.d2h_bytes) if queues else -1.0

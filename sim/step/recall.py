@@ -31,7 +31,8 @@ Selection modes:
   (r, l) of n blocks.
 
 Hot path: draws are (n_offloaded, num_layers) arrays, one vectorised pass per step; only per-layer sums
-leave this module.
+leave this module. Each kind of draw has its own stream (sim/step/draws.py), so k steps can be drawn at once
+with the same numbers (sim/step/recall_run.py, skip-ahead over offloaded steps).
 """
 
 from __future__ import annotations

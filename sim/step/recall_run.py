@@ -176,9 +176,16 @@ def _drift_py(x, left, z, starts, lengths, corr, scale, burst_prob, burst):  # n
     return drift, lefts, shifting
 
 
-try:  # compiled when numba is installed (the ``fast`` extra); the same function otherwise
-    from numba import njit
+_compiled: list = []  # the compiled _drift_py, made at the first call (numba is imported only when runs need it)
 
-    _drift = njit(cache=True)(_drift_py)
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    _drift = _drift_py
+
+def _drift(*args):
+    """:func:`_drift_py`, compiled when numba is installed (the ``fast`` extra), else as it is."""
+    if not _compiled:
+        try:
+            from numba import njit
+
+            _compiled.append(njit(cache=True)(_drift_py))
+        except ImportError:  # pragma: no cover - exercised where numba is absent
+            _compiled.append(_drift_py)
+    return _compiled[0](*args)
