@@ -1,11 +1,12 @@
 """k decode steps of an offload policy at once: what k calls of ``OffloadServing.step_cost`` give, as arrays.
 
 Skip-ahead over offloaded steps (sim/serving/offload_run.py) needs each step's layer time, recall and
-interruptible plan before it times the steps one by one. Every quantity here is ``step_cost``'s formula applied
-element-wise to [k, ...] arrays (the recall through sim/step/recall_run.py), so step t's values equal what the
-reference path computes at step t on the same seed (tests/sim/test_offload_run.py). Covered: one micro-batch,
-interruptible scheduling on a card whose I/O overlaps compute, SoloHead or head-wise selection, any ``io`` but
-``gpu_gather`` (whose SM sharing is a per-item loop); other configurations step one at a time.
+interruptible plan (or sequential per-layer recall) before it times the steps one by one. Every quantity here
+is ``step_cost``'s formula applied element-wise to [k, ...] arrays (the recall through sim/step/recall_run.py),
+so step t's values equal what the reference path computes at step t on the same seed
+(tests/sim/test_offload_run.py). Covered: one micro-batch on a card whose I/O overlaps compute, interruptible
+or sequential scheduling, SoloHead or head-wise selection, any ``io`` but ``gpu_gather`` (whose SM sharing is a
+per-item loop); other configurations step one at a time.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class OffloadRunCosts:
     lookahead_items: int
     chunk_bytes: int
     recall: RecallRun  # commit(j, state) consumes the draws of the first j steps
+    interruptible: bool  # timed by the interruptible pipeline (prefetch, correction), else the sequential one
+    recall_s: np.ndarray  # float64 [k, L] link seconds per layer (the sequential pipeline's)
+    gather_s: np.ndarray  # float64 [k, L] host gather seconds per layer (gather-scatter; else zeros)
 
     @property
     def has_recall(self) -> np.ndarray:
@@ -50,13 +54,7 @@ class OffloadRunCosts:
 
 def runs_offloaded(policy: OffloadServing) -> bool:
     """Whether :func:`offload_run_costs` covers this policy's configuration (module docstring)."""
-    return (
-        not policy.full
-        and policy.groups == 1
-        and policy.io_overlaps
-        and policy.interruptible
-        and policy.params.io != "gpu_gather"
-    )
+    return not policy.full and policy.groups == 1 and policy.io_overlaps and policy.params.io != "gpu_gather"
 
 
 def offload_run_costs(
@@ -108,5 +106,6 @@ def offload_run_costs(
     return OffloadRunCosts(
         layer_s, pol.compute.decode_head_s(batch), int(offloaded.sum()) * pol.kv_bytes_per_token, attended,
         nbytes, frags, nbytes.sum(axis=1), num_fragments, transfers, rec.selected_fragments,
-        (1 - f) * parts, f * parts, pol.params.lookahead_layers, pol.params.chunk_bytes, rec,
+        (1 - f) * parts, f * parts, pol.params.lookahead_layers, pol.params.chunk_bytes, rec, pol.interruptible,
+        link, gather if pol.params.io == "gather_scatter" else np.zeros_like(link),
     )  # fmt: skip

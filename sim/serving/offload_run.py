@@ -152,6 +152,7 @@ def plan_offloaded_run(
         now_s, costs.layer_s, num_layers, costs.has_recall, costs.prefetch, costs.correction, costs.lookahead_items,
         costs.chunk_bytes, overhead_s, head_s, (d2h_s, coupling, d2h is not None),
         (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), next_event_s, stop_recall,
+        None if costs.interruptible else (costs.recall_s, costs.gather_s),
     )  # fmt: skip
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None

@@ -40,6 +40,7 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
+from sim.policies.offload_run import runs_offloaded
 from sim.serving.admission import OK
 from sim.serving.decode_run import plan_decode_run
 from sim.serving.kv import KvState, device_pool_blocks
@@ -103,6 +104,8 @@ class Replica:
         self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
+        # runs of recalling steps need a policy sim/serving/offload_run.py covers (dense policies never recall)
+        self.offload_runs = self.skip_ahead and hasattr(policy, "recall") and runs_offloaded(policy)
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
         self.chunked: Request | None = None  # request whose prefill is split across forwards
@@ -332,7 +335,7 @@ class Replica:
             return False
         run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, env.peek())
         if run is None:
-            return (yield from self._offloaded_run())
+            return self.offload_runs and b.offloaded.any() and (yield from self._offloaded_run())
         times_s = run.times_s
         yield env.timeout(float(times_s[-1]) - env.now)
         self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())

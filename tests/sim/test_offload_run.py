@@ -2,11 +2,11 @@
 
 Whole runs with every request offloaded compare every table and the summary bit for bit with ``run.skip_ahead``
 on and off, over the mechanisms that make offloaded steps differ (per-request state, topic shifts, fresh blocks,
-a shared recall cache sized by the free pool, a fixed miss fraction, late corrections, D2H slowdown, each ``io``,
-a measured selection cost, TP 2, IO-adaptive admission with a queue). Each run checks that offloaded runs
-happened. Unit tests check the pieces: k steps of the recall model at once equal k calls of ``RecallModel.step``
-on the same streams (and leave the streams where k calls leave them), and the compiled drift recurrence equals its
-Python source.
+a shared recall cache sized by the free pool, a fixed miss fraction, late corrections, D2H slowdown, each
+``io``, interruptible and sequential scheduling, a measured selection cost, TP 2, IO-adaptive admission with a
+queue). Each run checks that offloaded runs happened. Unit tests check the pieces: k steps of the recall model at
+once equal k calls of ``RecallModel.step`` on the same streams (and leave the streams where k calls leave them),
+and the compiled drift recurrence equals its Python source.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def _both(scenario: str, overrides: list[str]):
         pytest.param(["model=llama-3.1-70b", "serving.tp_size=2", "run.tables=summary"], id="tp2-summary"),
         pytest.param([*SMALL_POOL, "policy.pulseinfer.admission=io_adaptive"], id="io-adaptive-queue"),
         pytest.param(["workload.target_rate_per_s=0.5", "run.timeline_step=40"], id="sparse-arrivals"),
+        # the sequential pipeline (run_closed_form's port): gather-scatter with D2H slowdown, per-fragment
+        pytest.param(
+            ["policy.pulseinfer.scheduling=sequential", "hardware.d2h_coupling=0.5"], id="sequential-gather-d2h"
+        ),
+        pytest.param(["policy.pulseinfer.scheduling=sequential", "policy.pulseinfer.io=per_fragment"], id="sequential"),
     ],
 )
 def test_tables_equal_with_and_without_offloaded_runs(extra, offloaded_runs):
