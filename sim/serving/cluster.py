@@ -20,6 +20,7 @@ In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -116,7 +117,15 @@ def simulate_cluster(
     picker = make_router(router, num_replicas)
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
     routed = [0] * num_replicas
-    fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed))
+    next_arrival_s = [0.0]  # the router's next arrival (inf after the last)
+    if fleet.replicas and not fleet.replicas[0].disaggregated:
+        # Skip-ahead: only arrivals (and the horizon) can change a replica's decisions; another replica's steps and
+        # finishes touch its own state and the router's counters. (A remote prefill finishing feeds its replica
+        # between arrivals, so disaggregated fleets keep every event.)
+        horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
+        for replica in fleet.replicas:
+            replica.next_event_s = functools.partial(_next_relevant_s, next_arrival_s, horizon_s)
+    fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed, next_arrival_s))
     return _cluster_result(fleet, policy_name, router, routed)
 
 
@@ -126,9 +135,12 @@ def _route(
     reqs: list[Request],
     picker: RoundRobinRouter | LeastTokensRouter,
     routed: list[int],
+    next_arrival_s: list[float],
 ) -> Generator[simpy.Event, object, None]:
-    """Submit each request at its arrival to the replica the router picks, then close every replica."""
+    """Submit each request at its arrival to the replica the router picks, then close every replica;
+    ``next_arrival_s[0]`` holds the time of the arrival it waits for (inf after the last)."""
     for req in reqs:
+        next_arrival_s[0] = req.arrival_s
         if req.arrival_s > env.now:
             yield env.timeout(req.arrival_s - env.now)
         tokens = req.total_tokens
@@ -137,8 +149,14 @@ def _route(
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
         replicas[i].submit(req)
+    next_arrival_s[0] = math.inf
     for replica in replicas:
         replica.close()
+
+
+def _next_relevant_s(next_arrival_s: list[float], horizon_s: float) -> float:
+    """The next event a replica behind the router must stop at: the next arrival or the horizon."""
+    return min(next_arrival_s[0], horizon_s)
 
 
 def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:

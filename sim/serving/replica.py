@@ -104,6 +104,9 @@ class Replica:
         self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
+        # when the next event that can change this replica's decisions happens: any event by default; a router
+        # whose arrivals are fixed in advance narrows it (sim/serving/cluster.py)
+        self.next_event_s: Callable[[], float] = env.peek
         # runs of recalling steps need a policy sim/serving/offload_run.py covers (dense policies never recall)
         self.offload_runs = self.skip_ahead and hasattr(policy, "recall") and runs_offloaded(policy)
         self.waiting: deque[Request] = deque()
@@ -333,7 +336,7 @@ class Replica:
         env, b = self.env, self.batch
         if self.chunked is not None or self.swap_s > 0:
             return False
-        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, env.peek())
+        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, self.next_event_s())
         if run is None:
             return self.offload_runs and b.offloaded.any() and (yield from self._offloaded_run())
         times_s = run.times_s
@@ -345,8 +348,9 @@ class Replica:
     def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
         """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
+        next_s = self.next_event_s()
         run = plan_offloaded_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, env.peek()
+            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s
         )
         if run is None:
             return False

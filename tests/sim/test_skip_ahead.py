@@ -143,10 +143,26 @@ def test_closed_loop_sessions_equal(counted):
     _assert_equal(ref, fast)
 
 
-def test_cluster_equal(counted):
+@pytest.mark.parametrize(
+    "policy, replicas, router, extra",
+    [
+        pytest.param("sglang", 2, "least_tokens", [], id="least-tokens"),
+        pytest.param("sglang", 4, "round_robin", ["workload.target_rate_per_s=12"], id="round-robin"),
+        pytest.param("sglang", 3, "least_tokens", ["run.horizon_s=15"], id="horizon"),
+        # offloaded runs behind a router; disaggregated fleets keep every event (remote prefills feed replicas)
+        pytest.param(
+            "pulseinfer", 3, "least_tokens", ["policy.pulseinfer.offload_threshold_tokens=16"], id="offloaded"
+        ),
+        pytest.param("sglang", 2, "round_robin", ["serving.prefill=disaggregated"], id="disaggregated"),
+    ],
+)
+def test_cluster_equal(counted, policy, replicas, router, extra):
+    """Behind a router a replica's runs end only at arrivals and the horizon (other replicas' steps and finishes
+    cannot change its decisions): every request row, the routing and the summary equal stepping's."""
+
     def run(skip: str):
-        scenario = load_scenario("default", [*SHORT, "policies=sglang", f"run.skip_ahead={skip}"])
-        return simulate_cluster(scenario, load_workload(scenario), "sglang", 2, "least_tokens")
+        scenario = load_scenario("default", [*SHORT, f"policies={policy}", *extra, f"run.skip_ahead={skip}"])
+        return simulate_cluster(scenario, load_workload(scenario), policy, replicas, router)
 
     ref, fast = run("false"), run("true")
     assert counted["runs"] > 10
