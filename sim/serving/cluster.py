@@ -118,13 +118,11 @@ def simulate_cluster(
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
     routed = [0] * num_replicas
     next_arrival_s = [0.0]  # the router's next arrival (inf after the last)
-    if fleet.replicas and not fleet.replicas[0].disaggregated:
-        # Skip-ahead: only arrivals (and the horizon) can change a replica's decisions; another replica's steps and
-        # finishes touch its own state and the router's counters. (A remote prefill finishing feeds its replica
-        # between arrivals, so disaggregated fleets keep every event.)
-        horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
-        for replica in fleet.replicas:
-            replica.next_event_s = functools.partial(_next_relevant_s, next_arrival_s, horizon_s)
+    # Skip-ahead: only arrivals, the horizon and a replica's own remote prefills can change its decisions; another
+    # replica's steps, prefills and finishes touch that replica's state and the router's counters.
+    horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
+    for replica in fleet.replicas:
+        replica.next_event_s = functools.partial(_next_relevant_s, next_arrival_s, horizon_s, replica)
     fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed, next_arrival_s))
     return _cluster_result(fleet, policy_name, router, routed)
 
@@ -154,9 +152,11 @@ def _route(
         replica.close()
 
 
-def _next_relevant_s(next_arrival_s: list[float], horizon_s: float) -> float:
-    """The next event a replica behind the router must stop at: the next arrival or the horizon."""
-    return min(next_arrival_s[0], horizon_s)
+def _next_relevant_s(next_arrival_s: list[float], horizon_s: float, replica: Replica) -> float:
+    """The next event a replica behind the router must stop at: the next arrival, the horizon, or one of its own
+    remote prefills feeding its queue."""
+    next_s = min(next_arrival_s[0], horizon_s)
+    return min(next_s, replica.next_prefill_event_s()) if replica.disaggregated else next_s
 
 
 def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:

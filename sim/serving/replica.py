@@ -119,6 +119,8 @@ class Replica:
         self.submitted: list[Request] = []  # in submission order
         self.prefill_free = scenario.serving.prefill == "none"
         self.prefill_gpus = simpy.Resource(env, capacity=scenario.serving.num_prefill_gpus)
+        self.prefills_queued = 0  # remote prefills sent and not yet computing (to start, or waiting for a GPU)
+        self.prefill_ends_s: list[float] = []  # when each computing remote prefill ends
 
     # ---- arrivals --------------------------------------------------------------------------------
     def arrivals(self, requests: list[Request]) -> Generator[simpy.Event, object, None]:
@@ -155,6 +157,7 @@ class Replica:
         if self.prefill_free:
             self._prefilled(req)
         elif self.disaggregated:
+            self.prefills_queued += 1
             self.env.process(self._remote_prefill(req))
         else:
             self._enqueue(req)
@@ -202,8 +205,23 @@ class Replica:
         target = req.prompt_tokens + req.generated
         with self.prefill_gpus.request() as gpu:
             yield gpu
-            yield self.env.timeout(self.policy.compute.prefill_s([(target, 0)], 1))
+            self.prefills_queued -= 1
+            duration_s = self.policy.compute.prefill_s([(target, 0)], 1)
+            end_s = self.env.now + duration_s  # where SimPy schedules the timeout
+            self.prefill_ends_s.append(end_s)
+            yield self.env.timeout(duration_s)
+            self.prefill_ends_s.remove(end_s)
         self._prefilled(req)
+
+    def next_prefill_event_s(self) -> float:
+        """The next time a remote prefill of this replica can feed its queue (skip-ahead behind a router): now while
+        one that has not started computing may start now (a prefill GPU is free, or was granted to a process that
+        has not resumed yet), else the earliest end of those computing (inf if none): a queued prefill starts only
+        when one of them ends."""
+        gpus = self.prefill_gpus
+        if self.prefills_queued and (gpus.count < gpus.capacity or gpus.count > len(self.prefill_ends_s)):
+            return self.env.now
+        return min(self.prefill_ends_s, default=math.inf)
 
     def _prefilled(self, req: Request) -> None:
         """A remote (or, with ``prefill: none``, free and immediate) prefill finished: first token, then queue."""

@@ -153,7 +153,30 @@ def test_closed_loop_sessions_equal(counted):
         pytest.param(
             "pulseinfer", 3, "least_tokens", ["policy.pulseinfer.offload_threshold_tokens=16"], id="offloaded"
         ),
+        # disaggregated: a replica's own remote prefills feed its queue between arrivals (one prefill GPU: they queue)
         pytest.param("sglang", 2, "round_robin", ["serving.prefill=disaggregated"], id="disaggregated"),
+        pytest.param(
+            "sglang",
+            3,
+            "least_tokens",
+            ["serving.prefill=disaggregated", "serving.num_prefill_gpus=1", "workload.target_rate_per_s=15"],
+            id="disaggregated-queued-prefill",
+        ),
+        pytest.param(
+            "sglang",
+            2,
+            "round_robin",
+            ["serving.prefill=disaggregated", *SMALL_POOL, "workload.target_rate_per_s=40"],
+            id="pd-preempting",
+        ),
+        pytest.param(
+            "pulseinfer",
+            2,
+            "least_tokens",
+            ["serving.prefill=disaggregated", "policy.pulseinfer.offload_threshold_tokens=1500"],
+            id="pd-offloaded",
+        ),
+        pytest.param("sglang", 3, "round_robin", ["serving.prefill=none"], id="prefill-none"),
     ],
 )
 def test_cluster_equal(counted, policy, replicas, router, extra):
@@ -304,3 +327,29 @@ def test_decode_run_feedback_equals_step_by_step(policy):
         assert a.new_token_ratio == b.new_token_ratio
         if hasattr(a, "budget"):
             assert a.budget.phi == b.budget.phi and a.last_attended == b.last_attended
+
+
+def test_next_prefill_event_is_now_until_queued_prefills_compute():
+    """A replica behind a router stops its runs at its own remote prefills: now while a prefill it sent may start
+    computing now, else the earliest end of those computing (a queued one starts only when one of them ends)."""
+    import simpy
+
+    from sim.metrics.recorder import Recorder
+
+    scenario = load_scenario(
+        "default", [*SHORT, "policies=sglang", "serving.prefill=disaggregated", "serving.num_prefill_gpus=1"]
+    )
+    env = simpy.Environment()
+    rec = Recorder(scenario.model.num_layers, 10.0, 200, False)
+    replica = Replica(env, scenario, make_policy(scenario, "sglang"), np.random.default_rng(0), rec)
+    assert replica.next_prefill_event_s() == np.inf
+    for i, prompt in enumerate((1000, 2000, 3000)):
+        replica.submit(Request(i, 0.0, prompt, 20))
+    assert replica.next_prefill_event_s() == 0.0  # sent, not started: the first starts at once
+    env.run(until=1e-9)  # the first computes, two wait for the GPU
+    (end_s,) = replica.prefill_ends_s
+    assert end_s > 1e-9 and replica.prefills_queued == 2
+    assert replica.next_prefill_event_s() == end_s
+    env.run(until=end_s + 1e-9)  # the first finished and fed the queue; the second computes
+    assert len(replica.waiting) == 1 and replica.prefills_queued == 1
+    assert replica.next_prefill_event_s() == replica.prefill_ends_s[0] > end_s
