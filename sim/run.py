@@ -116,6 +116,7 @@ def simulate_policy(
         CapacityError: if the model does not fit in HBM.
     """
     fleet = Fleet(scenario, policy_name, 1, seed_index, on_finish)
+    fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     replica, rec = fleet.replicas[0], fleet.recorders[0]
     if traces.is_session_table(workload):  # closed loop: sessions issue requests as earlier ones finish
         spec = scenario.workload.sessions or SessionsSpec()

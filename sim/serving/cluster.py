@@ -116,6 +116,7 @@ def simulate_cluster(
     """
     picker = make_router(router, num_replicas)
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
+    fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     routed = [0] * num_replicas
     next_arrival_s = [0.0]  # the router's next arrival (inf after the last)
     # Skip-ahead: only arrivals, the horizon and a replica's own remote prefills can change its decisions; another

@@ -67,6 +67,18 @@ class Fleet:
             self.replicas.append(Replica(self.env, scenario, policy, rng, rec, on_finish))
             self.recorders.append(rec)
 
+    def preload_kernels(self, prompt_tokens: np.ndarray) -> None:
+        """Before the event loop: load the compiled kernels of skip-ahead over offloaded steps when a request with
+        the longest of these prompts would run offloaded (sim/serving/offload_run.py ``preload_kernels``); a
+        one-time start-up cost that would otherwise land inside the loop at the first offloaded step."""
+        replica = self.replicas[0]
+        if not (len(prompt_tokens) and replica.offload_runs and replica.devices.fast_kernels):
+            return
+        if replica.policy.wants_offload(int(np.max(prompt_tokens))):
+            from sim.serving.offload_run import preload_kernels
+
+            preload_kernels()
+
     def run(self, driver: Generator[simpy.Event, object, None]) -> str:
         """Start ``driver``, then run every replica's scheduler until all are done or the horizon.
 

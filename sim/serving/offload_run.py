@@ -160,3 +160,23 @@ def plan_offloaded_run(
         times[: j + 1], costs, stall[:j], busy[:j], gather[:j], layer_stall[:j], *state,
         ctx[j - 1].copy(), held[j - 1].copy(), need[:j],
     )  # fmt: skip
+
+
+def preload_kernels() -> None:
+    """Load the compiled kernels offloaded runs use (numba's import and its cached machine code, ~0.4 s once per
+    process) by calling each on a tiny input, so a simulation that will offload pays it before its event loop
+    rather than at its first offloaded step (``Fleet.preload_kernels``). Changes no state of any simulation."""
+    from sim.step.kernels import interruptible_arrays
+    from sim.step.recall_run import _drift
+    from sim.step.run_kernel import time_run
+
+    jobs = np.zeros((1, 4))
+    interruptible_arrays(0.0, np.ones(1), jobs, jobs, 1, 1.0, 0.0)
+    z = np.zeros((1, 1))
+    z.flags.writeable = False  # the streams' views are read-only: load that signature
+    _drift(np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False)
+    plans = np.zeros((1, 1, 4))
+    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), plans, plans, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
+             (0.0, 0.0, 0.0), 1.0)  # fmt: skip
+    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), plans, plans, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
+             (0.0, 0.0, 0.0), 1.0, sequential=(np.zeros((1, 1)), np.zeros((1, 1))))  # fmt: skip

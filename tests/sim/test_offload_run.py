@@ -172,3 +172,24 @@ def test_compiled_drift_equals_python(n, k, seed, burst):
     b = _drift_py(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
     for got, want in zip(a, b, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_kernels_preload_only_when_a_request_would_offload(monkeypatch):
+    import sim.serving.offload_run as offload_run
+    from sim.serving.fleet import Fleet
+
+    calls = []
+    monkeypatch.setattr(offload_run, "preload_kernels", lambda: calls.append(1))
+    scenario = load_scenario("default", ["policies=sglang,pulseinfer", "run.progress=false"])
+    threshold = scenario.policy["pulseinfer"].offload_threshold_tokens
+    Fleet(scenario, "sglang", 1).preload_kernels(np.array([threshold * 4]))  # dense policy: never
+    Fleet(scenario, "pulseinfer", 1).preload_kernels(np.array([threshold - 1, 10]))  # nobody offloads
+    assert calls == []
+    Fleet(scenario, "pulseinfer", 1).preload_kernels(np.array([10, threshold]))
+    assert calls == [1]
+
+
+def test_preloaded_kernels_run():
+    from sim.serving.offload_run import preload_kernels
+
+    preload_kernels()  # each kernel on a tiny input: no error, no state
