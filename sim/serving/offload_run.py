@@ -3,8 +3,9 @@
 A batch holding offloaded requests recalls at every step, and each step's recall is random, so no two steps cost
 the same; but between two events of other processes its steps still repeat one decision. :func:`plan_offloaded_run`
 computes the next k such steps' costs at once (sim/policies/offload_run.py: layer times, recall draws, interruptible
-plans as [k, ...] arrays), then times them in order through the same D2H queue, slowdown and compiled interruptible
-pipeline that :func:`sim.step.timing.run_step` uses, carrying the link's state from step to step, and stops before
+plans as [k, ...] arrays), then times them in order (sim/step/run_kernel.py, compiled) through the same D2H queue,
+slowdown and interruptible or sequential layer pipeline that :func:`sim.step.timing.run_step` uses, carrying the
+link's state from step to step, and stops before
 the first step that would end at or after the next event (or that the timeline records). Nothing is changed until
 the replica applies the run (``Replica._offloaded_run``): the draws of steps that did not fit stay in their streams
 for the steps that follow. A run also ends where the dense one does (sim/serving/decode_run.py): at a step whose
