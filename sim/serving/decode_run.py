@@ -15,9 +15,8 @@ The policy must say its steps recall nothing and draw nothing (:meth:`Policy.ste
 steps recall are planned by sim/serving/offload_run.py, which shares :func:`fitting_steps` and
 :func:`lands_exactly`. Exactness: layer
 times come from ``ComputeModel.decode_layer_s_many`` (the scalar formula's operations in the same order), each
-step's length is summed as :func:`sim.step.timing.run_step` sums it, and the clock advances step by step (both
-sums with ``np.cumsum``, which adds strictly in order), so a run lands on the times stepping gives
-(tests/sim/test_skip_ahead.py; docs/design.md §13).
+step's length is summed as :func:`sim.step.timing.run_step` sums it, and the clock advances step by step in Python
+floats, so a run lands on the times stepping gives (tests/sim/test_skip_ahead.py; docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -89,18 +88,19 @@ def plan_decode_run(
     if steady is None:
         return None
     attended, layer_s = steady
-    # The clock as run_step advances it: start + (overhead + Σ layers + head), Σ being sum() of the L equal layer
-    # times left to right. np.cumsum adds strictly in order, so both sums are the same float operations, vectorised.
-    layers_s = np.cumsum(np.broadcast_to(layer_s, (num_layers, len(layer_s))), axis=0)[-1]
-    times = np.cumsum(np.concatenate(([now_s], (overhead_s + layers_s) + head_s)))
-    late = np.flatnonzero(times[1:] >= next_event_s)  # steps ending at or after the next event do not run
-    k = int(late[0]) if len(late) else len(layer_s)
+    times = [now_s]
+    for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
+        end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
+        if end_s >= next_event_s:
+            break
+        times.append(end_s)
+    k = len(times) - 1
     if k < 2:
         return None
     k, ctx, held, need = fitting_steps(policy, b, kv, waiting, disaggregated, k)
-    if k < 2 or not lands_exactly(now_s, float(times[k])):
+    if k < 2 or not lands_exactly(now_s, times[k]):
         return None
-    return DecodeRun(times[: k + 1], attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])
+    return DecodeRun(np.array(times[: k + 1]), attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])
 
 
 def fitting_steps(
