@@ -1,7 +1,7 @@
 """The ablation ladder on three configurations (issue: scheduler), printed as one table.
 
 Runs ``scenarios/ablation.yaml`` for Qwen3-14B on H200, Qwen3-14B on H100 and Qwen3-30B-A3B on H200.
-Takes ~10 minutes on 2 cores. Run: ``python scripts/ablation_table.py [--set key=value ...]``.
+Takes ~3 minutes on 2 cores. Run: ``python scripts/ablation_table.py [--set key=value ...]``.
 """
 
 from __future__ import annotations
