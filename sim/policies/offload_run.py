@@ -37,14 +37,14 @@ class OffloadRunCosts:
     num_fragments: np.ndarray  # int64 [k]
     num_transfers: np.ndarray  # int64 [k]
     selected_fragments: np.ndarray  # int64 [k]
-    prefetch: np.ndarray  # float64 [k, L, 4] the interruptible plan's prefetch jobs (sim/step/cost.py)
-    correction: np.ndarray  # float64 [k, L, 4] its urgent corrections
     lookahead_items: int
     chunk_bytes: int
     recall: RecallRun  # commit(j, state) consumes the draws of the first j steps
-    interruptible: bool  # timed by the interruptible pipeline (prefetch, correction), else the sequential one
-    recall_s: np.ndarray  # float64 [k, L] link seconds per layer (the sequential pipeline's)
-    gather_s: np.ndarray  # float64 [k, L] host gather seconds per layer (gather-scatter; else zeros)
+    # interruptible scheduling: (prefetch, correction) jobs, float64 [k, L, 4] each (sim/step/cost.py InterruptPlan)
+    plan: tuple[np.ndarray, np.ndarray] | None
+    # sequential scheduling: (link seconds, host gather seconds), float64 [k, L] each (gather zeros unless
+    # gather-scatter)
+    sequential: tuple[np.ndarray, np.ndarray] | None
 
     @property
     def has_recall(self) -> np.ndarray:
@@ -97,15 +97,19 @@ def offload_run_costs(
     gather, link = pol.link.layer_times(nbytes, frags, pol.link_io, pol.params.chunk_bytes)
     num_fragments = frags.sum(axis=1)
     transfers = num_fragments if pol.params.io == "per_fragment" else np.count_nonzero(nbytes, axis=1)
-    item_bytes = nbytes.astype(float)
-    item_s = link
-    if pol.link_io == "streamed":
-        item_s = pol.link.streamed_s(gather, link, item_bytes, pol.params.chunk_bytes)
-    parts = np.stack([item_bytes, item_s, link, gather], axis=-1)  # float64 [k, L, 4]
-    f = pol.correction_frac
+    plan = sequential = None
+    if pol.interruptible:
+        item_bytes = nbytes.astype(float)
+        item_s = link
+        if pol.link_io == "streamed":
+            item_s = pol.link.streamed_s(gather, link, item_bytes, pol.params.chunk_bytes)
+        parts = np.stack([item_bytes, item_s, link, gather], axis=-1)  # float64 [k, L, 4]
+        f = pol.correction_frac
+        plan = ((1 - f) * parts, f * parts)
+    else:
+        sequential = (link, gather if pol.params.io == "gather_scatter" else np.zeros_like(link))
     return OffloadRunCosts(
         layer_s, pol.compute.decode_head_s(batch), int(offloaded.sum()) * pol.kv_bytes_per_token, attended,
         nbytes, frags, nbytes.sum(axis=1), num_fragments, transfers, rec.selected_fragments,
-        (1 - f) * parts, f * parts, pol.params.lookahead_layers, pol.params.chunk_bytes, rec, pol.interruptible,
-        link, gather if pol.params.io == "gather_scatter" else np.zeros_like(link),
+        pol.params.lookahead_layers, pol.params.chunk_bytes, rec, plan, sequential,
     )  # fmt: skip

@@ -327,13 +327,11 @@ class RecallBudget:
         self, steps_s: list[float], stalls_s: list[float] | None = None, link_busy_s: list[float] | None = None
     ) -> None:
         """:meth:`observe` of each of these steps in order (skip-ahead runs); None: no stall, the link idle."""
-        phi, target = self.phi, self.stall_target
         if stalls_s is None or link_busy_s is None:
-            for step_s in steps_s:
-                phi = _aimd(phi, target, step_s, 0.0, 0.0)
-        else:
-            for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
-                phi = _aimd(phi, target, step_s, stall_s, busy_s)
+            stalls_s = link_busy_s = [0.0] * len(steps_s)
+        phi, target = self.phi, self.stall_target
+        for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
+            phi = _aimd(phi, target, step_s, stall_s, busy_s)
         self.phi = phi
 
 

@@ -72,7 +72,7 @@ class Fleet:
         the longest of these prompts would run offloaded (sim/serving/offload_run.py ``preload_kernels``); a
         one-time start-up cost that would otherwise land inside the loop at the first offloaded step."""
         replica = self.replicas[0]
-        if not (len(prompt_tokens) and replica.offload_runs and replica.devices.fast_kernels):
+        if not (len(prompt_tokens) and replica.offload_runs):
             return
         if replica.policy.wants_offload(int(np.max(prompt_tokens))):
             from sim.serving.offload_run import preload_kernels

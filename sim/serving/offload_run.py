@@ -12,7 +12,7 @@ for the steps that follow. A run also ends where the dense one does (sim/serving
 blocks do not fit, a request's last token, or a decision at which a queued request would join.
 
 Needs the compiled kernels (numba; otherwise every step is stepped) and a policy that
-:func:`~sim.policies.offload_run.runs_offloaded` covers.
+:func:`~sim.policies.offload_run.runs_offloaded` covers (:func:`offload_runs_possible`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ if TYPE_CHECKING:
     from sim.serving.admission import Admission
 
 MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one offloaded run draws at once (~2 MiB an array)
+
+
+def offload_runs_possible(policy: Policy, devices: StepDevices, skip_ahead: bool) -> bool:
+    """Whether a replica with this policy and devices can ever take an offloaded run: skip-ahead on, an offload
+    policy whose configuration :func:`~sim.policies.offload_run.runs_offloaded` covers, the compiled kernels
+    installed (``run.kernels`` not ``python``) and the closed-form layer timing (not ``layer_model: events``)."""
+    return (
+        skip_ahead
+        and hasattr(policy, "recall")
+        and runs_offloaded(policy)
+        and devices.fast_kernels
+        and not devices.layer_events
+    )
 
 
 @dataclass(slots=True)
@@ -104,6 +117,8 @@ def plan_offloaded_run(
     next_event_s: float,
 ) -> OffloadedRun | None:
     """The next run of offloaded decode steps from ``now_s`` (module docstring), or None when fewer than two fit.
+    The caller has checked :func:`offload_runs_possible` for its configuration and that the batch holds an offloaded
+    request.
 
     Args:
         policy: the replica's policy; batch, kv, waiting: the replica's state (not modified).
@@ -114,14 +129,7 @@ def plan_offloaded_run(
         now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
     """
     b, pol = batch, policy
-    if (
-        not b.offloaded.any()
-        or not hasattr(pol, "recall")
-        or not runs_offloaded(pol)
-        or devices.interruptible_fast is None  # (imports numba: asked last)
-    ):
-        return None
-    if next_event_s <= now_s or devices.layer_events:
+    if next_event_s <= now_s:
         return None
     num_layers = pol.num_layers
     cells = len(b) * num_layers
@@ -150,10 +158,9 @@ def plan_offloaded_run(
     seen, timeline_step = recorder.recall_steps, recorder.timeline_step
     stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
     j, times, stall, busy, gather, layer_stall, *state = time_run(
-        now_s, costs.layer_s, num_layers, costs.has_recall, costs.prefetch, costs.correction, costs.lookahead_items,
-        costs.chunk_bytes, overhead_s, head_s, (d2h_s, coupling, d2h is not None),
-        (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), next_event_s, stop_recall,
-        None if costs.interruptible else (costs.recall_s, costs.gather_s),
+        now_s, costs.layer_s, num_layers, costs.has_recall, costs.plan, costs.lookahead_items, costs.chunk_bytes,
+        overhead_s, head_s, (d2h_s, coupling, d2h is not None),
+        (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), next_event_s, stop_recall, costs.sequential,
     )  # fmt: skip
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None
@@ -177,7 +184,7 @@ def preload_kernels() -> None:
     z.flags.writeable = False  # the streams' views are read-only: load that signature
     _drift(np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False)
     plans = np.zeros((1, 1, 4))
-    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), plans, plans, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
+    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), (plans, plans), 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
              (0.0, 0.0, 0.0), 1.0)  # fmt: skip
-    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), plans, plans, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
+    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), None, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
              (0.0, 0.0, 0.0), 1.0, sequential=(np.zeros((1, 1)), np.zeros((1, 1))))  # fmt: skip

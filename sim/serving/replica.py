@@ -40,13 +40,12 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
-from sim.policies.offload_run import runs_offloaded
 from sim.serving.admission import OK
-from sim.serving.decode_run import plan_decode_run
 from sim.serving.kv import KvState, device_pool_blocks
-from sim.serving.offload_run import plan_offloaded_run
+from sim.serving.offload_run import offload_runs_possible
 from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
+from sim.serving.skip_ahead import SkipAhead
 from sim.step.cost import StepCost
 from sim.step.draws import RecallDraws
 from sim.step.timing import StepDevices, run_step
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
     from sim.policies.base import Policy
 
 
-class Replica:
+class Replica(SkipAhead):
     """One GPU replica serving requests with one policy.
 
     Args:
@@ -79,8 +78,8 @@ class Replica:
         recorder: Recorder,
         on_finish: Callable[[Request], None] | None = None,
     ) -> None:
-        self.env, self.scenario, self.policy, self.rng, self.rec = env, scenario, policy, rng, recorder
-        self.draws = RecallDraws(rng)  # the recall model's streams (sim/step/draws.py)
+        self.env, self.scenario, self.policy, self.rec = env, scenario, policy, recorder
+        self.draws = RecallDraws(rng)  # the recall model's streams, spawned from the replica's generator
         self.admission = policy.admission
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
@@ -107,8 +106,8 @@ class Replica:
         # when the next event that can change this replica's decisions happens: any event by default; a router
         # whose arrivals are fixed in advance narrows it (sim/serving/cluster.py)
         self.next_event_s: Callable[[], float] = env.peek
-        # runs of recalling steps need a policy sim/serving/offload_run.py covers (dense policies never recall)
-        self.offload_runs = self.skip_ahead and hasattr(policy, "recall") and runs_offloaded(policy)
+        # runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
+        self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
         self.chunked: Request | None = None  # request whose prefill is split across forwards
@@ -345,67 +344,6 @@ class Replica:
         if finished.any():
             for r in b.remove(finished):
                 self._finish(r)
-
-    def _decode_run(self) -> Generator[simpy.Event, object, bool]:
-        """Skip-ahead: run the next decode steps at once while nothing but the step index changes
-        (sim/serving/decode_run.py; with offloaded requests sim/serving/offload_run.py); the clock, step rows,
-        admission feedback and request times equal what :meth:`_decode_step` gives step by step. Returns False,
-        having done nothing, when no run qualifies."""
-        env, b = self.env, self.batch
-        if self.chunked is not None or self.swap_s > 0:
-            return False
-        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, self.next_event_s())
-        if run is None:
-            return self.offload_runs and b.offloaded.any() and (yield from self._offloaded_run())
-        times_s = run.times_s
-        yield env.timeout(float(times_s[-1]) - env.now)
-        self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())
-        self._apply_run(times_s, run.attended_tokens, run.ctx, run.blocks, run.allocated_blocks)
-        return True
-
-    def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
-        """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
-        env, b, rec, dev = self.env, self.batch, self.rec, self.devices
-        next_s = self.next_event_s()
-        run = plan_offloaded_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s
-        )
-        if run is None:
-            return False
-        yield env.timeout(float(run.times_s[-1]) - env.now)
-        recall = run.commit(b, dev, self.admission, rec, self.policy.recall_state_width)
-        self._apply_run(
-            run.times_s, run.costs.attended_tokens[: run.steps], run.ctx, run.blocks, run.allocated_blocks, recall
-        )
-        return True
-
-    def _apply_run(
-        self,
-        times_s: np.ndarray,
-        attended: np.ndarray,
-        ctx: np.ndarray,
-        blocks: np.ndarray,
-        allocated_blocks: np.ndarray,
-        recall: dict[str, np.ndarray] | None = None,
-    ) -> None:
-        """What a run's k steps leave behind: blocks allocated, the batch advanced, step rows, finished requests."""
-        b, kv = self.batch, self.kv
-        k = len(attended)
-        blocks_used = kv.device.used + allocated_blocks
-        allocated = kv.device.allocate(int(allocated_blocks[-1]))
-        assert allocated, "skip-ahead allocated more blocks than were free"
-        b.ctx, b.blocks = ctx, blocks
-        b.generated += k
-        b.cold[:] = False
-        hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
-        if self.debug:
-            self._check_invariants(int(hbm_bytes[-1]))
-        self.rec.d2h_busy_s = self.devices.d2h_busy_s
-        self.rec.record_decode_run(
-            times_s, len(b), int(b.offloaded.sum()), attended, blocks_used, hbm_bytes, kv.host.used, recall
-        )
-        self.rec.decode_tokens += len(b) * k
-        self._finish_done()
 
     def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
         """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it

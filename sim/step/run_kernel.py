@@ -136,8 +136,7 @@ def time_run(
     layer_s: np.ndarray,
     num_layers: int,
     has_recall: np.ndarray,
-    prefetch: np.ndarray,
-    correction: np.ndarray,
+    plan: tuple[np.ndarray, np.ndarray] | None,
     lookahead_items: int,
     chunk_bytes: float,
     overhead_s: float,
@@ -152,20 +151,28 @@ def time_run(
 
     Args:
         layer_s: float64 [k] GPU seconds of each layer per step; has_recall: bool [k].
-        prefetch, correction: float64 [k, L, 4] the steps' interruptible plans (sim/step/cost.py ``InterruptPlan``).
+        plan: (prefetch, correction), float64 [k, L, 4] each, the steps' interruptible plans (sim/step/cost.py
+            ``InterruptPlan``); None with ``sequential``.
         d2h: (seconds of one step's offload writes, −1 when it queues none; the card's D2H coupling; whether D2H is
             modelled).
         link_state: (link queue end, D2H queue end, D2H seconds queued so far) before the run.
         stop_recall: the run stops before its ``stop_recall``-th recalling step (the timeline's step).
         sequential: (link seconds, gather seconds), float64 [k, L] each, to time the steps with the sequential
-            pipeline (``run_closed_form``) instead of the interruptible one.
+            pipeline (``run_closed_form``) instead of the interruptible one (``plan`` None).
+
+    Raises:
+        ValueError: neither or both of ``plan`` and ``sequential`` given.
 
     Returns:
         (j steps timed, times float64 [k + 1] of which the first j + 1 are the boundaries, stall, link busy and
         gather busy float64 [k], layer stalls float64 [k, L], then the link state after the j steps).
     """
+    if (plan is None) == (sequential is None):
+        raise ValueError("time_run needs an interruptible plan or the sequential pipeline's times, not both")
     link_free, d2h_free, d2h_busy = link_state
-    recall_s, gather_s = sequential if sequential is not None else (np.zeros((1, 1)), np.zeros((1, 1)))
+    unused_jobs, unused_times = np.zeros((1, 1, 4)), np.zeros((1, 1))  # the kernel's arguments of the other pipeline
+    prefetch, correction = plan if plan is not None else (unused_jobs, unused_jobs)
+    recall_s, gather_s = sequential if sequential is not None else (unused_times, unused_times)
     return _time_run(
         float(now_s), np.ascontiguousarray(layer_s, dtype=np.float64), int(num_layers),
         np.ascontiguousarray(has_recall, dtype=np.bool_), np.ascontiguousarray(prefetch, dtype=np.float64),
