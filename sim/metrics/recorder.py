@@ -108,6 +108,8 @@ class Recorder:
         self.layer_stall_s = np.zeros(self.num_layers)
         self._columns = {name: array(code) for name, code in STEP_TYPECODES.items()}
         self._appends = tuple(a.append for a in self._columns.values())
+        # (name, column, its numpy dtype) for appending runs of rows (record_decode_run)
+        self._run_columns = tuple((n, c, NUMPY_DTYPES[c.typecode]) for n, c in self._columns.items())
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """The step rows as numpy arrays (copies: the stored columns keep growing), ``step_id`` first.
@@ -242,12 +244,13 @@ class Recorder:
             given["host_used_bytes"] = np.full(k, host_bytes, dtype=np.int64)
         if recall is not None:
             given.update(recall)
-        for name, column in self._columns.items():
+        zeros = bytes(8 * k)  # 0 (int64) or 0.0 (float64) in every step: all-zero bytes
+        for name, column, dtype in self._run_columns:
             values = given.get(name)
-            if values is None:  # 0 (int) or 0.0 (float) in every step: all-zero bytes
-                column.frombytes(bytes(column.itemsize * k))
+            if values is None:
+                column.frombytes(zeros if column.itemsize == 8 else bytes(column.itemsize * k))
             else:
-                column.frombytes(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[column.typecode]).tobytes())
+                column.frombytes(np.ascontiguousarray(values, dtype=dtype).tobytes())
 
     def record_step(
         self,

@@ -68,8 +68,8 @@ class Policy:
         of its batch and tokens costs, recalls nothing and draws no random numbers (this base class: never)."""
         return False
 
-    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The next ``steps`` decode steps at once when the batch is steady (:meth:`is_steady`), else None (the
+    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``steps`` decode steps at once, for a batch the caller found steady (:meth:`is_steady`; the
         scheduler's skip-ahead, sim/serving/decode_run.py).
 
         Args:
@@ -81,8 +81,6 @@ class Policy:
             (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
             :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
         """
-        if not self.is_steady(offloaded):
-            return None
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
         return attended, self.compute.decode_layer_s_many(len(ctx), attended)
 

@@ -99,6 +99,8 @@ class OffloadServing(Policy):
     def device_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         bs = self.block_size
         dense = -(-ctx // bs)
+        if not offloaded.any():  # (a dense batch: the usual case on the scheduler's hot path)
+            return dense
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)  # staging or summaries
         return np.where(offloaded, np.minimum(dense, self.resident_blocks + extra), dense)
 
@@ -117,6 +119,8 @@ class OffloadServing(Policy):
 
     def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         dense = -(-future_tokens // self.block_size)
+        if not offloaded.any():
+            return dense
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
         return np.where(offloaded, extra, dense)
 

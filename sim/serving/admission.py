@@ -98,6 +98,8 @@ class Admission:
     def _decayed_ratios(self, steps: int) -> list[float]:
         """``new_token_ratio`` after each of the next ``steps`` decode steps, decayed as :meth:`on_decode_step` does."""
         ratio, ratio_min, decay, out = self.new_token_ratio, self.ratio_min, self.ratio_decay, []
+        if ratio == ratio_min and decay >= 0:  # decayed to its floor already (the usual case): stays there
+            return [ratio_min] * steps
         for _ in range(steps):
             ratio = max(ratio_min, ratio - decay)
             out.append(ratio)
@@ -165,7 +167,9 @@ class Admission:
         host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
         if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
             return m  # waits for host DRAM or an offloaded slot, which decode steps do not free
-        ratios = np.array(self._decayed_ratios(m))
+        decayed = self._decayed_ratios(m)
+        # one ratio for every decision when it has decayed to its floor (the same products, computed once)
+        ratios = decayed[0] if m and decayed[0] == decayed[-1] == self.ratio_min else np.array(decayed)
         head_growth = pol.growth_one(min(req.output_tokens - req.generated, self.clip_max_new_tokens), offloaded)
         generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
         future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -120,10 +121,13 @@ def simulate_cluster(
     routed = [0] * num_replicas
     next_arrival_s = [0.0]  # the router's next arrival (inf after the last)
     # Skip-ahead: only arrivals, the horizon and a replica's own remote prefills can change its decisions; another
-    # replica's steps, prefills and finishes touch that replica's state and the router's counters.
+    # replica's steps, prefills and finishes touch that replica's state and the router's counters. With colocated
+    # prefill an arrival only queues a request: a soft bound (sim/serving/decode_run.py).
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
     for replica in fleet.replicas:
         replica.next_event_s = functools.partial(_next_relevant_s, next_arrival_s, horizon_s, replica)
+        if not replica.disaggregated:
+            replica.next_arrival_s = functools.partial(operator.getitem, next_arrival_s, 0)
     fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed, next_arrival_s))
     return _cluster_result(fleet, policy_name, router, routed)
 
@@ -154,10 +158,11 @@ def _route(
 
 
 def _next_relevant_s(next_arrival_s: list[float], horizon_s: float, replica: Replica) -> float:
-    """The next event a replica behind the router must stop at: the next arrival, the horizon, or one of its own
-    remote prefills feeding its queue."""
-    next_s = min(next_arrival_s[0], horizon_s)
-    return min(next_s, replica.next_prefill_event_s()) if replica.disaggregated else next_s
+    """The next event a replica behind the router must stop at: the horizon and, with remote prefill, the next
+    arrival and its own remote prefills feeding its queue (colocated, arrivals are its soft bound)."""
+    if not replica.disaggregated:
+        return horizon_s
+    return min(next_arrival_s[0], horizon_s, replica.next_prefill_event_s())
 
 
 def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:

@@ -5,13 +5,17 @@ horizon), a batch whose steps recall nothing repeats one decision: decode one to
 :func:`plan_decode_run` computes such a run at once — its step boundaries, tokens attended and blocks held — and
 the replica (sim/serving/replica.py ``Replica._decode_run``) applies it with one timeout. A run ends before:
 
-* the next event of another process (``next_event_s``, SimPy's ``env.peek()``);
+* the next event of another process (``next_event_s``, SimPy's ``env.peek()``), except an arrival that only queues
+  a request (``next_arrival_s``, colocated prefill): with requests queued it changes no decision in the run (it
+  joins behind the head, which :meth:`Admission.quiet_decisions` holds back), and with none the run ends with the
+  step the arrival falls in (a step ending exactly at it ends the run before it: SimPy's order of the two events
+  would depend on when each was scheduled);
 * the first step whose new blocks do not fit in the free pool (it would evict prefix-cache nodes or preempt:
   the reference path does that);
 * the first later decision at which a queued request would join (:meth:`Admission.quiet_decisions`);
 * any request's finish after its last step (no request finishes inside a run).
 
-The policy must say its steps recall nothing and draw nothing (:meth:`Policy.steady_decode`); batches whose
+The policy must say its steps recall nothing and draw nothing (:meth:`Policy.is_steady`); batches whose
 steps recall are planned by sim/serving/offload_run.py, which shares :func:`fitting_steps` and
 :func:`lands_exactly`. Exactness: layer
 times come from ``ComputeModel.decode_layer_s_many`` (the scalar formula's operations in the same order), each
@@ -60,6 +64,7 @@ def plan_decode_run(
     disaggregated: bool,
     now_s: float,
     next_event_s: float,
+    next_arrival_s: float = math.inf,
 ) -> DecodeRun | None:
     """The longest run of decode steps from ``now_s`` (module docstring), or None when fewer than two steps qualify.
 
@@ -69,7 +74,9 @@ def plan_decode_run(
         kv: the replica's KV pools (not modified).
         waiting: the queue (not modified); its head may join at a later decision.
         disaggregated: requests bring their KV from remote prefill (the admission's rule for queued requests).
-        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
+        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none);
+        next_arrival_s: the next arrival that only queues a request (``math.inf`` if none, or if arrivals are among
+            ``next_event_s``'s events).
     """
     b = batch
     if not policy.is_steady(b.offloaded):
@@ -79,21 +86,23 @@ def plan_decode_run(
         return None
     compute = policy.compute
     overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
+    attended, layer_s = policy.steady_decode(b.ctx + 1, b.offloaded, steps)
     # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
     # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
-    first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
+    arrival_s = next_arrival_s if not waiting else math.inf  # with a queue, arrivals join behind its held-back head
+    first_s = overhead_s + num_layers * float(layer_s[0]) + head_s
     if next_event_s < math.inf:
         steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
-    steady = policy.steady_decode(b.ctx + 1, b.offloaded, steps) if steps >= 2 else None
-    if steady is None:
-        return None
-    attended, layer_s = steady
+    if arrival_s < math.inf:  # (+ 1 more: the step the arrival falls in)
+        steps = min(steps, int((arrival_s - now_s) / first_s) + 2)
     times = [now_s]
-    for x in layer_s.tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
+    for x in layer_s[:steps].tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
         end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
-        if end_s >= next_event_s:
+        if end_s >= next_event_s or end_s == arrival_s:
             break
         times.append(end_s)
+        if end_s > arrival_s:  # the step the arrival fell in: the queued request is seen at the decision after it
+            break
     k = len(times) - 1
     if k < 2:
         return None
@@ -112,11 +121,12 @@ def fitting_steps(
     ctx = b.ctx[None, :] + np.arange(1, steps + 1)[:, None]  # int64 [k, n] KV tokens after each step's token
     held = policy.device_blocks(ctx, b.offloaded)  # int64 [k, n] blocks held in each step
     need = held.sum(axis=1) - int(b.blocks.sum())  # int64 [k] blocks allocated since the run began
-    short = np.flatnonzero(need > kv.device.free)
-    k = int(short[0]) if len(short) else steps  # the step that would evict or preempt runs the reference way
+    free = kv.device.free
+    # the step that would evict or preempt runs the reference way (blocks held never shrink: need is nondecreasing)
+    k = int(np.searchsorted(need, free, side="right")) if need[-1] > free else steps
     # the scheduler decides again before each later step: the run ends where a queued request would join
-    free = kv.device.free - need[: max(0, k - 1)]
-    k = min(k, 1 + policy.admission.quiet_decisions(waiting, b, kv, free, disaggregated))
+    free_blocks = free - need[: max(0, k - 1)]
+    k = min(k, 1 + policy.admission.quiet_decisions(waiting, b, kv, free_blocks, disaggregated))
     return k, ctx, held, need
 
 

@@ -103,9 +103,12 @@ class Replica(SkipAhead):
         self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
-        # when the next event that can change this replica's decisions happens: any event by default; a router
-        # whose arrivals are fixed in advance narrows it (sim/serving/cluster.py)
+        # Skip-ahead's bounds. next_event_s: the next event that can change this replica's decisions (any event by
+        # default). next_arrival_s: the next arrival that only queues a request here (colocated prefill), which a
+        # run may pass (sim/serving/decode_run.py); inf when arrivals are among next_event_s's events. Drivers whose
+        # arrivals are fixed in advance narrow both (:meth:`arrivals`, sim/serving/cluster.py).
         self.next_event_s: Callable[[], float] = env.peek
+        self.next_arrival_s: Callable[[], float] = _no_arrival
         # runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
         self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
         self.waiting: deque[Request] = deque()
@@ -124,11 +127,23 @@ class Replica(SkipAhead):
     # ---- arrivals --------------------------------------------------------------------------------
     def arrivals(self, requests: list[Request]) -> Generator[simpy.Event, object, None]:
         """Submit ``requests`` (in arrival order) at their arrival times (open loop), then close the replica.
-        Routers and closed-loop sessions call :meth:`submit` and :meth:`close` instead."""
+        Routers and closed-loop sessions call :meth:`submit` and :meth:`close` instead.
+
+        With colocated prefill an arrival only queues a request, so skip-ahead's hard bound is the horizon alone
+        and the next arrival is a soft one (:attr:`next_arrival_s`); this driver and the run's horizon are then the
+        only other events in the environment (sim/serving/fleet.py ``Fleet.run``)."""
+        pending_s = [math.inf]  # the arrival this driver waits for
+        if not self.disaggregated:
+            horizon_s = self.scenario.run.horizon_s
+            horizon_s = math.inf if horizon_s is None else float(horizon_s)
+            self.next_event_s = lambda: horizon_s
+            self.next_arrival_s = lambda: pending_s[0]
         for req in requests:
+            pending_s[0] = req.arrival_s
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
             self.submit(req)
+        pending_s[0] = math.inf
         self.close()
 
     def submit(self, req: Request) -> None:
@@ -431,3 +446,8 @@ class Replica(SkipAhead):
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"
         expected = self.policy.device_blocks(self.batch.ctx, self.batch.offloaded)
         assert np.array_equal(expected, self.batch.blocks), "block counts drifted from the KV tokens"
+
+
+def _no_arrival() -> float:
+    """No soft arrival bound: arrivals, if any, are among ``next_event_s``'s events."""
+    return math.inf

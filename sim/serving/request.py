@@ -82,23 +82,30 @@ class DecodeBatch:
         if not reqs:
             return
         self.reqs.extend(reqs)
-        self.ctx = np.append(self.ctx, [r.prefill_target for r in reqs])
-        self.generated = np.append(self.generated, [r.generated for r in reqs])
-        self.output = np.append(self.output, [r.output_tokens for r in reqs])
-        self.blocks = np.append(self.blocks, [r.device_blocks for r in reqs])
-        self.offloaded = np.append(self.offloaded, [r.offloaded for r in reqs])
-        self.cold = np.append(self.cold, np.ones(len(reqs), dtype=bool))
-        self.prompt = np.append(self.prompt, [r.prompt_tokens for r in reqs])
-        self.recall_state = np.vstack([self.recall_state, np.zeros((len(reqs), self.recall_state.shape[1]))])
+        rows = [(r.prefill_target, r.generated, r.output_tokens, r.device_blocks, r.prompt_tokens, r.offloaded)
+                for r in reqs]  # fmt: skip
+        new = np.array(rows, dtype=np.int64)  # int64 [m, 6]
+        self.ctx = np.concatenate((self.ctx, new[:, 0]))
+        self.generated = np.concatenate((self.generated, new[:, 1]))
+        self.output = np.concatenate((self.output, new[:, 2]))
+        self.blocks = np.concatenate((self.blocks, new[:, 3]))
+        self.prompt = np.concatenate((self.prompt, new[:, 4]))
+        self.offloaded = np.concatenate((self.offloaded, new[:, 5] != 0))
+        self.cold = np.concatenate((self.cold, np.ones(len(reqs), dtype=bool)))
+        self.recall_state = np.concatenate((self.recall_state, np.zeros((len(reqs), self.recall_state.shape[1]))))
 
     def remove(self, mask: np.ndarray) -> list[Request]:
         """Drop the requests where ``mask`` is True; sync and return them."""
-        gone = [self.reqs[i] for i in np.flatnonzero(mask)]
-        for i, r in zip(np.flatnonzero(mask), gone):
-            r.generated = int(self.generated[i])
-            r.device_blocks = int(self.blocks[i])
+        idx = np.flatnonzero(mask).tolist()
+        gone = [self.reqs[i] for i in idx]
+        generated, blocks = self.generated[idx].tolist(), self.blocks[idx].tolist()
+        for r, g, held in zip(gone, generated, blocks):
+            r.generated, r.device_blocks = g, held
         keep = ~mask
-        self.reqs = [r for r, k in zip(self.reqs, keep) if k]
+        if len(idx) == 1:
+            del self.reqs[idx[0]]
+        else:
+            self.reqs = [r for r, k in zip(self.reqs, keep.tolist()) if k]
         for name in self.COLUMNS:
             setattr(self, name, getattr(self, name)[keep])
         return gone

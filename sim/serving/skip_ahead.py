@@ -30,7 +30,8 @@ class SkipAhead:
         env, b = self.env, self.batch
         if self.chunked is not None or self.swap_s > 0:
             return False
-        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, self.next_event_s())
+        next_s, arrival_s = self.next_event_s(), self.next_arrival_s()
+        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrival_s)
         if run is None:
             return self.offload_runs and b.offloaded.any() and (yield from self._offloaded_run())
         times_s = run.times_s
@@ -43,6 +44,8 @@ class SkipAhead:
         """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
         next_s = self.next_event_s()
+        if not self.waiting:  # (with a queue, arrivals join behind its head, which quiet_decisions holds back)
+            next_s = min(next_s, self.next_arrival_s())
         run = plan_offloaded_run(
             self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s
         )
