@@ -15,6 +15,8 @@ temporary folder, run with the same Python and ``PYTHONPATH`` pointing there), i
 tree (current, baseline, current, baseline, ...), and reports the ratios current / baseline: benchmarks report
 ratios measured side by side in one run.
 
+Each tree's packages are byte-compiled before the runs (``compileall``), as an installed package is.
+
 Columns: ``wall_s`` (whole process, start-up and table writing included), ``steps`` (prefill forwards + decode
 steps, rows of the steps table), ``us_per_step`` = wall / steps, ``loop_s`` (seconds inside the SimPy event loop,
 ``Fleet.run``: start-up, trace loading and table writing excluded), ``loop_us_per_step`` = loop / steps (the
@@ -207,6 +209,14 @@ def run_once(tree: Path, scenario: Path, out_dir: Path, extra_args: list[str]) -
     return wall_s, count_steps(out_dir), int(rss_kib) / 1024, float(loop_s)
 
 
+def compile_tree(tree: Path) -> None:
+    """Write the bytecode caches of the tree's packages (``python -m compileall``), so no timed run compiles
+    sources: pip compiles a package it installs, and an editable install writes them on first import unless
+    ``PYTHONDONTWRITEBYTECODE`` is set (as on some CI machines)."""
+    packages = [str(tree / p) for p in ("sim", "pulseinfer", "traces", "plots") if (tree / p).is_dir()]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True, capture_output=True)
+
+
 def _worktree(rev: str, folder: Path) -> Path:
     """Check out ``rev`` (detached) into ``folder`` with ``git worktree add``; returns the tree."""
     done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(folder), rev],
@@ -234,6 +244,8 @@ def bench(
     trees = {"current": REPO}
     if baseline:
         trees["baseline"] = _worktree(baseline, work / "baseline-tree")
+    for tree in trees.values():  # bytecode first, as an installed package has it (PYTHONDONTWRITEBYTECODE or not)
+        compile_tree(tree)
     traces_by_n: dict[int, Path] = {}
     jobs = []
     for case in cases:

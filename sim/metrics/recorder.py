@@ -4,10 +4,11 @@ The replica hands the recorder each prefill forward and decode step (:meth:`Reco
 recalling step's per-layer recall and stall (:meth:`Recorder.add_layers`) and the intervals of one chosen
 recalling step (``run.timeline_step``; :meth:`Recorder.timeline_buffer`); requests are appended when done.
 
-Step rows are stored as one typed ``array.array`` per column (8 bytes a value, one C append each), turned into
-numpy arrays by :meth:`Recorder.step_columns`; no per-row Python object is kept. What the summary needs of
-the steps (:class:`StepTotals`) is kept for every run; with ``keep_steps=False`` (``run.tables: summary``) it is
-all that is kept: no step rows, per-layer records or timeline.
+Step rows are stored as one typed ``array.array`` per column (8 bytes a value, one C append each); a skip-ahead
+run's rows as the arrays it computed (one dict per run); both are merged in step order into numpy columns every
+``RUNS_PER_CHUNK`` runs and by :meth:`Recorder.step_columns`; no per-row Python object is kept. What the summary
+needs of the steps (:class:`StepTotals`) is kept for every run; with ``keep_steps=False`` (``run.tables: summary``)
+it is all that is kept: no step rows, per-layer records or timeline.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ STEP_TYPECODES = {
     "selected_fragments": "q",
 }  # fmt: skip
 NUMPY_DTYPES = {"q": np.int64, "d": np.float64, "b": np.int8}  # numpy dtype of each array typecode
+RUNS_PER_CHUNK = 2048  # skip-ahead runs whose rows are kept as given before merging them into numpy columns
 
 
 @dataclass
@@ -108,8 +110,12 @@ class Recorder:
         self.layer_stall_s = np.zeros(self.num_layers)
         self._columns = {name: array(code) for name, code in STEP_TYPECODES.items()}
         self._appends = tuple(a.append for a in self._columns.values())
-        # (name, column, its numpy dtype) for appending runs of rows (record_decode_run)
-        self._run_columns = tuple((n, c, NUMPY_DTYPES[c.typecode]) for n, c in self._columns.items())
+        # Skip-ahead runs' rows, kept as given: (first row, k, {column: one value for every row or a [k] array});
+        # absent columns are 0. Every RUNS_PER_CHUNK runs they and the rows recorded one by one since the last
+        # chunk are merged in order into numpy columns (_chunks), which step_columns concatenates.
+        self._runs: list[tuple[int, int, dict]] = []
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._chunked_rows = 0  # rows merged into _chunks
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """The step rows as numpy arrays (copies: the stored columns keep growing), ``step_id`` first.
@@ -119,11 +125,37 @@ class Recorder:
         """
         if not self.keep_steps:
             raise ValueError("this recorder keeps no step rows (run.tables: summary)")
+        self._merge_rows()
         out = {"step_id": np.arange(self.totals.num_steps, dtype=np.int64)}
+        for name, code in STEP_TYPECODES.items():
+            parts = [chunk[name] for chunk in self._chunks]
+            out[name] = np.concatenate(parts) if parts else np.empty(0, dtype=NUMPY_DTYPES[code])
+        return out
+
+    def _merge_rows(self) -> None:
+        """Merge the rows recorded since the last chunk — one by one in the array columns, runs in :attr:`_runs` —
+        in step order into one chunk of numpy columns, and empty both."""
+        start, end = self._chunked_rows, self.totals.num_steps
+        if end == start:
+            return
+        single = np.ones(end - start, dtype=bool)  # rows recorded one by one (record_step), in order
+        for first, k, _ in self._runs:
+            single[first - start : first - start + k] = False
+        chunk = {}
         for name, column in self._columns.items():
             dtype = NUMPY_DTYPES[column.typecode]
-            out[name] = np.frombuffer(column, dtype=dtype).copy() if len(column) else np.empty(0, dtype=dtype)
-        return out
+            values = np.zeros(end - start, dtype=dtype)
+            if len(column):
+                values[single] = np.frombuffer(column, dtype=dtype)
+                del column[:]
+            for first, k, given in self._runs:
+                value = given.get(name)
+                if value is not None:
+                    values[first - start : first - start + k] = value
+            chunk[name] = values
+        self._chunks.append(chunk)
+        self._runs.clear()
+        self._chunked_rows = end
 
     def add_layers(
         self, time_s: float, nbytes: np.ndarray, fragments: np.ndarray, stall_s: list[float], end_s: float | None = None
@@ -234,23 +266,13 @@ class Recorder:
         if not self.keep_steps:
             return
         given = {
-            "phase": np.ones(k, dtype=np.int8), "start_s": times_s[:-1], "duration_s": durations_s,
-            "batch_size": np.full(k, batch_size, dtype=np.int64), "attended_tokens": attended_tokens,
-            "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes,
+            "phase": 1, "start_s": times_s[:-1], "duration_s": durations_s, "batch_size": batch_size,
+            "attended_tokens": attended_tokens, "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes,
+            "num_offloaded": num_offloaded, "host_used_bytes": host_bytes, **(recall or {}),
         }  # fmt: skip
-        if num_offloaded:
-            given["num_offloaded"] = np.full(k, num_offloaded, dtype=np.int64)
-        if host_bytes:
-            given["host_used_bytes"] = np.full(k, host_bytes, dtype=np.int64)
-        if recall is not None:
-            given.update(recall)
-        zeros = bytes(8 * k)  # 0 (int64) or 0.0 (float64) in every step: all-zero bytes
-        for name, column, dtype in self._run_columns:
-            values = given.get(name)
-            if values is None:
-                column.frombytes(zeros if column.itemsize == 8 else bytes(column.itemsize * k))
-            else:
-                column.frombytes(np.ascontiguousarray(values, dtype=dtype).tobytes())
+        self._runs.append((t.num_steps - k, k, given))
+        if len(self._runs) >= RUNS_PER_CHUNK:
+            self._merge_rows()
 
     def record_step(
         self,

@@ -332,6 +332,8 @@ class RecallBudget:
     ) -> None:
         """:meth:`observe` of each of these steps in order (skip-ahead runs); None: no stall, the link idle."""
         if stalls_s is None or link_busy_s is None:
+            if self.phi == PHI_MAX and self.stall_target > 0:  # steps of positive length that neither stall nor
+                return  # use the link only raise φ, which is at its cap already (the usual dense run)
             stalls_s = link_busy_s = [0.0] * len(steps_s)
         phi, target = self.phi, self.stall_target
         for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):

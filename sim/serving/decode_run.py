@@ -25,6 +25,7 @@ floats, so a run lands on the times stepping gives (tests/sim/test_skip_ahead.py
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def plan_decode_run(
         steps = min(steps, int((arrival_s - now_s) / first_s) + 2)
     times = [now_s]
     for x in layer_s[:steps].tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
-        end_s = times[-1] + (overhead_s + sum([x] * num_layers) + head_s)
+        end_s = times[-1] + (overhead_s + sum(itertools.repeat(x, num_layers)) + head_s)
         if end_s >= next_event_s or end_s == arrival_s:
             break
         times.append(end_s)

@@ -92,11 +92,13 @@ class DecodeBatch:
         self.prompt = np.concatenate((self.prompt, new[:, 4]))
         self.offloaded = np.concatenate((self.offloaded, new[:, 5] != 0))
         self.cold = np.concatenate((self.cold, np.ones(len(reqs), dtype=bool)))
-        self.recall_state = np.concatenate((self.recall_state, np.zeros((len(reqs), self.recall_state.shape[1]))))
+        width = self.recall_state.shape[1]
+        added = np.zeros((len(reqs), width))
+        self.recall_state = np.concatenate((self.recall_state, added)) if width else np.zeros((len(self.reqs), 0))
 
     def remove(self, mask: np.ndarray) -> list[Request]:
         """Drop the requests where ``mask`` is True; sync and return them."""
-        idx = np.flatnonzero(mask).tolist()
+        idx = mask.nonzero()[0].tolist()
         gone = [self.reqs[i] for i in idx]
         generated, blocks = self.generated[idx].tolist(), self.blocks[idx].tolist()
         for r, g, held in zip(gone, generated, blocks):
@@ -106,8 +108,9 @@ class DecodeBatch:
             del self.reqs[idx[0]]
         else:
             self.reqs = [r for r, k in zip(self.reqs, keep.tolist()) if k]
-        for name in self.COLUMNS:
-            setattr(self, name, getattr(self, name)[keep])
+        self.ctx, self.generated, self.output = self.ctx[keep], self.generated[keep], self.output[keep]
+        self.blocks, self.offloaded, self.cold = self.blocks[keep], self.offloaded[keep], self.cold[keep]
+        self.prompt, self.recall_state = self.prompt[keep], self.recall_state[keep]
         return gone
 
     def remove_all(self) -> list[Request]:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sim import load_scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
+from sim.metrics import recorder
 from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.cluster import simulate_cluster
@@ -100,6 +101,16 @@ def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
     if SMALL_POOL[0] in overrides:
         assert fast.policies["sglang"].summary["num_preemptions"] > 0
         assert counted["queued"] > 10, counted  # runs ended by a queued request's admission (quiet_decisions)
+
+
+def test_run_rows_merged_in_chunks_keep_step_order(counted, monkeypatch):
+    """The recorder keeps a run's rows as given and merges them with the rows recorded one by one every
+    ``RUNS_PER_CHUNK`` runs: with chunks of 3 runs (many merges, interleaved prefill and single decode steps, offloaded
+    steps among them) the tables still equal stepping's."""
+    monkeypatch.setattr(recorder, "RUNS_PER_CHUNK", 3)
+    ref, fast = _both([*SHORT, "policies=sglang,pulseinfer", "policy.pulseinfer.offload_threshold_tokens=1500"])
+    assert counted["runs"] > 30, counted
+    _assert_equal(ref, fast)
 
 
 @pytest.mark.parametrize(
