@@ -324,10 +324,10 @@ def test_decode_run_feedback_equals_step_by_step(policy):
     rng = np.random.default_rng(3)
     for _ in range(200):
         a, b = make_policy(scenario, policy).admission, make_policy(scenario, policy).admission
-        ratio = float(rng.uniform(0.0, 1.0))
+        ratio = float(rng.choice([a.ratio_min, rng.uniform(0.0, 1.0)]))  # at its floor: the shortcut
         a.new_token_ratio = b.new_token_ratio = ratio
-        if hasattr(a, "budget"):
-            a.budget.phi = b.budget.phi = float(rng.choice([0.25, 2.98, rng.uniform(0.25, 3.0)]))
+        if hasattr(a, "budget"):  # at its cap (3.0): the no-stall shortcut
+            a.budget.phi = b.budget.phi = float(rng.choice([0.25, 2.98, 3.0, rng.uniform(0.25, 3.0)]))
         k = int(rng.integers(1, 800))
         steps_s = rng.uniform(1e-4, 0.2, k).tolist()
         attended = rng.integers(1, 10**6, k).tolist()
@@ -364,3 +364,29 @@ def test_next_prefill_event_is_now_until_queued_prefills_compute():
     env.run(until=end_s + 1e-9)  # the first finished and fed the queue; the second computes
     assert len(replica.waiting) == 1 and replica.prefills_queued == 1
     assert replica.next_prefill_event_s() == replica.prefill_ends_s[0] > end_s
+
+
+def test_arrival_ends_a_run_with_the_step_it_falls_in():
+    """An arrival that only queues a request (colocated): with nobody queued the run ends with the step the arrival
+    falls in, and before a step that ends exactly at it; behind a queued head that cannot join it ends nothing."""
+    from sim.serving.decode_run import plan_decode_run
+
+    scenario = load_scenario("default", [*SHORT, "policies=sglang"])
+    pol = make_policy(scenario, "sglang")
+    batch = DecodeBatch(pol.recall_state_width)
+    batch.add([Request(i, 0.0, 500 + 100 * i, 200, 1, 500 + 100 * i, device_blocks=40) for i in range(4)])
+    kv = KvState(10**6, 2**50, pol.block_size * pol.model.kv_bytes_per_token, 0)
+    kv.device.used = int(batch.blocks.sum())
+    free_run = plan_decode_run(pol, batch, kv, deque(), False, 0.0, np.inf)
+    times = free_run.times_s  # the steps' ends with no event at all
+    assert free_run.steps > 6
+
+    def steps_with(arrival_s: float, waiting=()) -> int:
+        run = plan_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, arrival_s)
+        np.testing.assert_array_equal(run.times_s, times[: run.steps + 1])  # the same steps, cut
+        return run.steps
+
+    assert steps_with(float(np.nextafter(times[3], 0.0))) == 3  # falls in step 3: the run ends with it
+    assert steps_with(float(np.nextafter(times[3], 1.0))) == 4  # falls in step 4
+    assert steps_with(float(times[3])) == 2  # ends exactly at step 3's end: the run stops before step 3
+    assert steps_with(float(times[5]), waiting=[Request(9, 0.0, 10**7, 10)]) == free_run.steps  # head never fits
