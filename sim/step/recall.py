@@ -66,7 +66,10 @@ def kumaraswamy_b(mean: float, a: float) -> float:
     lo, hi = 1e-6, 1e6
     for _ in range(200):  # bisection in log space
         mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if mean_of(mid) > mean else (lo, mid)
+        new = (mid, hi) if mean_of(mid) > mean else (lo, mid)
+        if new == (lo, hi):  # a fixed point (~60 halvings): the remaining iterations would not move it
+            break
+        lo, hi = new
     return (lo * hi) ** 0.5
 
 

@@ -100,6 +100,25 @@ def test_kumaraswamy_b_gives_the_requested_mean(mean, a):
     assert x.mean() == pytest.approx(mean, abs=0.003)
 
 
+def test_kumaraswamy_b_stops_at_the_bisection_fixed_point():
+    """Stopping the bisection once it stops moving gives what all 200 halvings give, bit for bit."""
+    from math import lgamma
+
+    def full_bisection(mean: float, a: float) -> float:
+        def mean_of(b: float) -> float:
+            return float(np.exp(np.log(b) + lgamma(1 + 1 / a) + lgamma(b) - lgamma(1 + 1 / a + b)))
+
+        lo, hi = 1e-6, 1e6
+        for _ in range(200):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if mean_of(mid) > mean else (lo, mid)
+        return (lo * hi) ** 0.5
+
+    rng = np.random.default_rng(11)
+    for mean, a in zip(rng.uniform(0.001, 0.99, 300).tolist(), rng.uniform(0.2, 5.0, 300).tolist()):
+        assert kumaraswamy_b(mean, a) == full_bisection(mean, a), (mean, a)
+
+
 def test_layers_table_shows_more_recall_in_early_layers():
     profile = "[" + ",".join(f"[{d},{m}]" for d, m in EARLY_HEAVY) + "]"
     overrides = ["workload.max_requests=150", "policies=pulseinfer", "run.progress=false"]
