@@ -91,6 +91,8 @@ def _assert_equal(ref, fast) -> None:
         # a small pool: decode growth preempts (recompute) — the step that would preempt runs the reference way
         pytest.param(["policies=sglang", *SMALL_POOL], id="preempting"),
         pytest.param(["policies=sglang", "run.horizon_s=20"], id="horizon"),
+        # a pool so small that 5 of the 150 requests are rejected on arrival, in the middle of runs they pass
+        pytest.param(["policies=sglang", "hardware.hbm_gib=25.2"], id="rejected-on-arrival"),
         pytest.param(["policies=sglang", "run.tables=summary"], id="summary-only"),
     ],
 )
@@ -98,6 +100,8 @@ def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
     ref, fast = _both([*SHORT, *overrides])
     assert counted["runs"] > 10, counted  # skip-ahead ran (the fixture counts only the skip-ahead side)
     _assert_equal(ref, fast)
+    if "hardware.hbm_gib=25.2" in overrides:
+        assert (fast.policies["sglang"].requests["unfinished_reason"] == "exceeds_kv_pool").sum() > 0
     if SMALL_POOL[0] in overrides:
         assert fast.policies["sglang"].summary["num_preemptions"] > 0
         assert counted["queued"] > 10, counted  # runs ended by a queued request's admission (quiet_decisions)
