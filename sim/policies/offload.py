@@ -99,7 +99,7 @@ class OffloadServing(Policy):
     def device_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         bs = self.block_size
         dense = -(-ctx // bs)
-        if not offloaded.any():  # (a dense batch: the usual case on the scheduler's hot path)
+        if not np.count_nonzero(offloaded):  # (a dense batch: the usual case on the scheduler's hot path)
             return dense
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)  # staging or summaries
         return np.where(offloaded, np.minimum(dense, self.resident_blocks + extra), dense)
@@ -119,7 +119,7 @@ class OffloadServing(Policy):
 
     def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
         dense = -(-future_tokens // self.block_size)
-        if not offloaded.any():
+        if not np.count_nonzero(offloaded):
             return dense
         extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
         return np.where(offloaded, extra, dense)
@@ -210,7 +210,7 @@ class OffloadServing(Policy):
     def is_steady(self, offloaded: np.ndarray) -> bool:
         """With no offloaded request and one micro-batch, :meth:`step_cost` returns the dense cost (the measured
         selection time of no candidates is 0)."""
-        return self.groups == 1 and not offloaded.any()
+        return self.groups == 1 and not np.count_nonzero(offloaded)
 
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
         """Shared recall cache: the offloaded requests' expected working sets (budget blocks × KV heads for

@@ -179,7 +179,8 @@ class Admission:
         cached_blocks, room = self._prefix_room(req, kv)
         room_blocks = free_blocks + (room - kv.device.free)
         waits = np.minimum(need + head_growth * ratios, worst) - cached_blocks > room_blocks - reserved
-        return m if waits.all() else int(np.argmin(waits))
+        first = int(np.argmin(waits)) if m else 0  # the first decision at which the head joins (argmin: first False)
+        return m if not m or waits[first] else first
 
     # ---- one request -----------------------------------------------------------------------------
     def decide(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, cached: int | None) -> str:
@@ -426,8 +427,8 @@ class IoAdaptiveAdmission(Admission):
         free_after_bytes = max(kv.device.free - taken_blocks, 0) * kv.block_bytes
         if not self.policy.cache_holds(kv.num_offloaded + 1, free_after_bytes):
             return False
-        in_batch = int(batch.offloaded.sum())
-        cold_in_batch = int((batch.offloaded & batch.cold).sum())
+        in_batch = np.count_nonzero(batch.offloaded)
+        cold_in_batch = np.count_nonzero(batch.offloaded & batch.cold)
         waiting_prefill = kv.num_offloaded - in_batch  # admitted, still prefilling: cold when they join
         joining = waiting_prefill + 1
         attended = self.last_attended + joining * self.sparse_tokens

@@ -347,7 +347,7 @@ class Replica(SkipAhead):
         b.cold[:] = False
         rec.link_busy_s += busy
         rec.gather_busy_s += gather
-        self._record("decode", start, len(b), int(b.offloaded.sum()), 0, cost, stall, busy, gather)
+        self._record("decode", start, len(b), np.count_nonzero(b.offloaded), 0, cost, stall, busy, gather)
         rec.decode_tokens += len(b)
         self.admission.on_decode_step(cost.attended_tokens)
         self._finish_done()
@@ -356,7 +356,7 @@ class Replica(SkipAhead):
         """Finish the batch's requests that have generated all their output tokens."""
         b = self.batch
         finished = b.generated >= b.output
-        if finished.any():
+        if np.count_nonzero(finished):
             for r in b.remove(finished):
                 self._finish(r)
 

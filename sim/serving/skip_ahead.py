@@ -33,7 +33,7 @@ class SkipAhead:
         next_s, arrival_s = self.next_event_s(), self.next_arrival_s()
         run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrival_s)
         if run is None:
-            return self.offload_runs and b.offloaded.any() and (yield from self._offloaded_run())
+            return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run())
         times_s = run.times_s
         yield env.timeout(float(times_s[-1]) - env.now)
         self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())
@@ -81,7 +81,7 @@ class SkipAhead:
             self._check_invariants(int(hbm_bytes[-1]))
         self.rec.d2h_busy_s = self.devices.d2h_busy_s
         self.rec.record_decode_run(
-            times_s, len(b), int(b.offloaded.sum()), attended, blocks_used, hbm_bytes, kv.host.used, recall
+            times_s, len(b), np.count_nonzero(b.offloaded), attended, blocks_used, hbm_bytes, kv.host.used, recall
         )
         self.rec.decode_tokens += len(b) * k
         self._finish_done()
