@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from sim.policies.base import Policy
 
 MAX_RUN_STEPS = 4096  # most decode steps one run computes at once (bounds its [steps, batch] arrays)
+SHORT_RUN_STEPS = 64  # up to this many steps are computed before the next event bounds them (cheaper than a bound)
 
 
 @dataclass(slots=True)
@@ -87,10 +88,14 @@ def plan_decode_run(
         return None
     compute = policy.compute
     overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
-    attended, layer_s = policy.steady_decode(b.ctx + 1, b.offloaded, steps)
     # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
     # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
     arrival_s = next_arrival_s if not waiting else math.inf  # with a queue, arrivals join behind its held-back head
+    bound_s = min(next_event_s, arrival_s)
+    if steps > SHORT_RUN_STEPS and bound_s < math.inf:  # bound a long stretch before computing its steps
+        first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
+        steps = min(steps, int((bound_s - now_s) / first_s) + 2)
+    attended, layer_s = policy.steady_decode(b.ctx + 1, b.offloaded, steps)
     first_s = overhead_s + num_layers * float(layer_s[0]) + head_s
     if next_event_s < math.inf:
         steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
