@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics import Recorder, StepTotals, requests_table, summarize, unfinished_counts
+from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
 from sim.serving.request import Request
@@ -119,16 +119,17 @@ def simulate_cluster(
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     routed = [0] * num_replicas
-    next_arrival_s = [0.0]  # the router's next arrival (inf after the last)
+    reqs = request_objects(workload)
+    schedule = ArrivalSchedule((r.arrival_s for r in reqs), fleet.env.now)  # the router's arrivals, fixed in advance
     # Skip-ahead: only arrivals, the horizon and a replica's own remote prefills can change its decisions; another
     # replica's steps, prefills and finishes touch that replica's state and the router's counters. With colocated
     # prefill an arrival only queues a request: a soft bound (sim/serving/decode_run.py).
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
     for replica in fleet.replicas:
-        replica.next_event_s = functools.partial(_next_relevant_s, next_arrival_s, horizon_s, replica)
+        replica.next_event_s = functools.partial(_next_relevant_s, schedule, horizon_s, replica)
         if not replica.disaggregated:
-            replica.next_arrival_s = functools.partial(operator.getitem, next_arrival_s, 0)
-    fleet.run(_route(fleet.env, fleet.replicas, request_objects(workload), picker, routed, next_arrival_s))
+            replica.arrivals_ahead = schedule
+    fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule))
     return _cluster_result(fleet, policy_name, router, routed)
 
 
@@ -138,12 +139,12 @@ def _route(
     reqs: list[Request],
     picker: RoundRobinRouter | LeastTokensRouter,
     routed: list[int],
-    next_arrival_s: list[float],
+    schedule: ArrivalSchedule,
 ) -> Generator[simpy.Event, object, None]:
     """Submit each request at its arrival to the replica the router picks, then close every replica;
-    ``next_arrival_s[0]`` holds the time of the arrival it waits for (inf after the last)."""
-    for req in reqs:
-        next_arrival_s[0] = req.arrival_s
+    ``schedule.next_index`` follows the arrival it waits for."""
+    for n, req in enumerate(reqs):
+        schedule.next_index = n
         if req.arrival_s > env.now:
             yield env.timeout(req.arrival_s - env.now)
         tokens = req.total_tokens
@@ -152,17 +153,17 @@ def _route(
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
         replicas[i].submit(req)
-    next_arrival_s[0] = math.inf
+    schedule.next_index = len(reqs)
     for replica in replicas:
         replica.close()
 
 
-def _next_relevant_s(next_arrival_s: list[float], horizon_s: float, replica: Replica) -> float:
+def _next_relevant_s(schedule: ArrivalSchedule, horizon_s: float, replica: Replica) -> float:
     """The next event a replica behind the router must stop at: the horizon and, with remote prefill, the next
     arrival and its own remote prefills feeding its queue (colocated, arrivals are its soft bound)."""
     if not replica.disaggregated:
         return horizon_s
-    return min(next_arrival_s[0], horizon_s, replica.next_prefill_event_s())
+    return min(schedule.next_s(), horizon_s, replica.next_prefill_event_s())
 
 
 def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:

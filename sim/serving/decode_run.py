@@ -6,10 +6,10 @@ horizon), a batch whose steps recall nothing repeats one decision: decode one to
 the replica (sim/serving/replica.py ``Replica._decode_run``) applies it with one timeout. A run ends before:
 
 * the next event of another process (``next_event_s``, SimPy's ``env.peek()``), except an arrival that only queues
-  a request (``next_arrival_s``, colocated prefill): with requests queued it changes no decision in the run (it
-  joins behind the head, which :meth:`Admission.quiet_decisions` holds back), and with none the run ends with the
-  step the arrival falls in (a step ending exactly at it ends the run before it: SimPy's order of the two events
-  would depend on when each was scheduled);
+  a request (``arrivals``, colocated prefill, sim/serving/arrivals.py): with requests queued it changes no decision
+  in the run (it joins behind the head, which :meth:`Admission.quiet_decisions` holds back), and with none the run
+  ends with the step the arrival falls in. A run never ends exactly at an arrival: SimPy's order of the two events
+  would depend on when each was scheduled (the run's one timeout at its start, a step's at that step's start);
 * the first step whose new blocks do not fit in the free pool (it would evict prefix-cache nodes or preempt:
   the reference path does that);
 * the first later decision at which a queued request would join (:meth:`Admission.quiet_decisions`);
@@ -38,6 +38,7 @@ from sim.serving.request import DecodeBatch, Request
 
 if TYPE_CHECKING:
     from sim.policies.base import Policy
+    from sim.serving.arrivals import ArrivalSchedule
 
 MAX_RUN_STEPS = 4096  # most decode steps one run computes at once (bounds its [steps, batch] arrays)
 SHORT_RUN_STEPS = 64  # up to this many steps are computed before the next event bounds them (cheaper than a bound)
@@ -66,7 +67,7 @@ def plan_decode_run(
     disaggregated: bool,
     now_s: float,
     next_event_s: float,
-    next_arrival_s: float = math.inf,
+    arrivals: ArrivalSchedule | None = None,
 ) -> DecodeRun | None:
     """The longest run of decode steps from ``now_s`` (module docstring), or None when fewer than two steps qualify.
 
@@ -77,8 +78,7 @@ def plan_decode_run(
         waiting: the queue (not modified); its head may join at a later decision.
         disaggregated: requests bring their KV from remote prefill (the admission's rule for queued requests).
         now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none);
-        next_arrival_s: the next arrival that only queues a request (``math.inf`` if none, or if arrivals are among
-            ``next_event_s``'s events).
+        arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events).
     """
     b = batch
     if not policy.is_steady(b.offloaded):
@@ -90,7 +90,8 @@ def plan_decode_run(
     overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
     # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
     # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
-    arrival_s = next_arrival_s if not waiting else math.inf  # with a queue, arrivals join behind its held-back head
+    # with a queue, arrivals join behind its held-back head
+    arrival_s = arrivals.next_s() if arrivals is not None and not waiting else math.inf
     bound_s = min(next_event_s, arrival_s)
     if steps > SHORT_RUN_STEPS and bound_s < math.inf:  # bound a long stretch before computing its steps
         first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
@@ -113,6 +114,8 @@ def plan_decode_run(
     if k < 2:
         return None
     k, ctx, held, need = fitting_steps(policy, b, kv, waiting, disaggregated, k)
+    while k >= 2 and arrivals is not None and arrivals.at(times[k]):  # never end exactly at an arrival
+        k -= 1
     if k < 2 or not lands_exactly(now_s, times[k]):
         return None
     return DecodeRun(np.array(times[: k + 1]), attended[:k], ctx[k - 1].copy(), held[k - 1].copy(), need[:k])

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from sim.metrics.recorder import Recorder
     from sim.policies.base import Policy
     from sim.serving.admission import Admission
+    from sim.serving.arrivals import ArrivalSchedule
 
 MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one offloaded run draws at once (~2 MiB an array)
 
@@ -115,6 +116,7 @@ def plan_offloaded_run(
     recorder: Recorder,
     now_s: float,
     next_event_s: float,
+    arrivals: ArrivalSchedule | None = None,
 ) -> OffloadedRun | None:
     """The next run of offloaded decode steps from ``now_s`` (module docstring), or None when fewer than two fit.
     The caller has checked :func:`offload_runs_possible` for its configuration and that the batch holds an offloaded
@@ -126,7 +128,10 @@ def plan_offloaded_run(
         devices: the replica's link and D2H state (read, not modified).
         draws: the replica's streams (peeked, not consumed).
         recorder: read for the recalling steps so far (the timeline's step is stepped, to record its intervals).
-        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
+        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none), the caller
+            having taken the next arrival into it unless requests are queued (sim/serving/decode_run.py).
+        arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events): the
+            run never ends exactly at one.
     """
     b, pol = batch, policy
     if next_event_s <= now_s:
@@ -157,11 +162,16 @@ def plan_offloaded_run(
     coupling = d2h.d2h_coupling if d2h is not None else 0.0
     seen, timeline_step = recorder.recall_steps, recorder.timeline_step
     stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
-    j, times, stall, busy, gather, layer_stall, *state = time_run(
-        now_s, costs.layer_s, num_layers, costs.has_recall, costs.plan, costs.lookahead_items, costs.chunk_bytes,
-        overhead_s, head_s, (d2h_s, coupling, d2h is not None),
-        (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), next_event_s, stop_recall, costs.sequential,
-    )  # fmt: skip
+    bound_s = next_event_s
+    while True:
+        j, times, stall, busy, gather, layer_stall, *state = time_run(
+            now_s, costs.layer_s, num_layers, costs.has_recall, costs.plan, costs.lookahead_items, costs.chunk_bytes,
+            overhead_s, head_s, (d2h_s, coupling, d2h is not None),
+            (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), bound_s, stop_recall, costs.sequential,
+        )  # fmt: skip
+        if j < 2 or arrivals is None or not arrivals.at(float(times[j])):
+            break
+        bound_s = float(times[j])  # never end exactly at an arrival: time the run again, ending a step earlier
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None
     return OffloadedRun(

@@ -41,6 +41,7 @@ import simpy
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
+from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.kv import KvState, device_pool_blocks
 from sim.serving.offload_run import offload_runs_possible
 from sim.serving.prefix import PrefixCache, reload_forward_s
@@ -104,11 +105,11 @@ class Replica(SkipAhead):
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
         # Skip-ahead's bounds. next_event_s: the next event that can change this replica's decisions (any event by
-        # default). next_arrival_s: the next arrival that only queues a request here (colocated prefill), which a
-        # run may pass (sim/serving/decode_run.py); inf when arrivals are among next_event_s's events. Drivers whose
-        # arrivals are fixed in advance narrow both (:meth:`arrivals`, sim/serving/cluster.py).
+        # default). arrivals_ahead: arrivals that only queue a request here (colocated prefill), which a run may pass
+        # (sim/serving/decode_run.py); None when arrivals are among next_event_s's events. Drivers whose arrivals are
+        # fixed in advance narrow both (:meth:`arrivals`, sim/serving/cluster.py).
         self.next_event_s: Callable[[], float] = env.peek
-        self.next_arrival_s: Callable[[], float] = _no_arrival
+        self.arrivals_ahead: ArrivalSchedule | None = None
         # runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
         self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
         self.waiting: deque[Request] = deque()
@@ -130,20 +131,20 @@ class Replica(SkipAhead):
         Routers and closed-loop sessions call :meth:`submit` and :meth:`close` instead.
 
         With colocated prefill an arrival only queues a request, so skip-ahead's hard bound is the horizon alone
-        and the next arrival is a soft one (:attr:`next_arrival_s`); this driver and the run's horizon are then the
+        and the arrivals are a soft one (:attr:`arrivals_ahead`); this driver and the run's horizon are then the
         only other events in the environment (sim/serving/fleet.py ``Fleet.run``)."""
-        pending_s = [math.inf]  # the arrival this driver waits for
+        schedule = ArrivalSchedule((r.arrival_s for r in requests), self.env.now)
         if not self.disaggregated:
             horizon_s = self.scenario.run.horizon_s
             horizon_s = math.inf if horizon_s is None else float(horizon_s)
             self.next_event_s = lambda: horizon_s
-            self.next_arrival_s = lambda: pending_s[0]
-        for req in requests:
-            pending_s[0] = req.arrival_s
+            self.arrivals_ahead = schedule
+        for i, req in enumerate(requests):
+            schedule.next_index = i
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
             self.submit(req)
-        pending_s[0] = math.inf
+        schedule.next_index = len(requests)
         self.close()
 
     def submit(self, req: Request) -> None:
@@ -446,8 +447,3 @@ class Replica(SkipAhead):
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"
         expected = self.policy.device_blocks(self.batch.ctx, self.batch.offloaded)
         assert np.array_equal(expected, self.batch.blocks), "block counts drifted from the KV tokens"
-
-
-def _no_arrival() -> float:
-    """No soft arrival bound: arrivals, if any, are among ``next_event_s``'s events."""
-    return math.inf

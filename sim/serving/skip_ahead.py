@@ -30,8 +30,8 @@ class SkipAhead:
         env, b = self.env, self.batch
         if self.chunked is not None or self.swap_s > 0:
             return False
-        next_s, arrival_s = self.next_event_s(), self.next_arrival_s()
-        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrival_s)
+        next_s, arrivals = self.next_event_s(), self.arrivals_ahead
+        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals)
         if run is None:
             return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run())
         times_s = run.times_s
@@ -43,11 +43,11 @@ class SkipAhead:
     def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
         """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
-        next_s = self.next_event_s()
-        if not self.waiting:  # (with a queue, arrivals join behind its head, which quiet_decisions holds back)
-            next_s = min(next_s, self.next_arrival_s())
+        next_s, arrivals = self.next_event_s(), self.arrivals_ahead
+        if arrivals is not None and not self.waiting:  # (with a queue, arrivals join behind its held-back head)
+            next_s = min(next_s, arrivals.next_s())
         run = plan_offloaded_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s
+            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals
         )
         if run is None:
             return False

@@ -372,7 +372,9 @@ def test_next_prefill_event_is_now_until_queued_prefills_compute():
 
 def test_arrival_ends_a_run_with_the_step_it_falls_in():
     """An arrival that only queues a request (colocated): with nobody queued the run ends with the step the arrival
-    falls in, and before a step that ends exactly at it; behind a queued head that cannot join it ends nothing."""
+    falls in, and before a step that ends exactly at it; behind a queued head that cannot join it ends nothing,
+    but the run still never ends exactly at an arrival."""
+    from sim.serving.arrivals import ArrivalSchedule
     from sim.serving.decode_run import plan_decode_run
 
     scenario = load_scenario("default", [*SHORT, "policies=sglang"])
@@ -382,15 +384,73 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     kv = KvState(10**6, 2**50, pol.block_size * pol.model.kv_bytes_per_token, 0)
     kv.device.used = int(batch.blocks.sum())
     free_run = plan_decode_run(pol, batch, kv, deque(), False, 0.0, np.inf)
-    times = free_run.times_s  # the steps' ends with no event at all
-    assert free_run.steps > 6
+    times, last = free_run.times_s, free_run.steps  # the steps' ends with no event at all
+    assert last > 6
 
-    def steps_with(arrival_s: float, waiting=()) -> int:
-        run = plan_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, arrival_s)
+    def steps_with(*arrivals_s: float, waiting=()) -> int:
+        schedule = ArrivalSchedule(arrivals_s, 0.0)
+        run = plan_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, schedule)
         np.testing.assert_array_equal(run.times_s, times[: run.steps + 1])  # the same steps, cut
         return run.steps
 
     assert steps_with(float(np.nextafter(times[3], 0.0))) == 3  # falls in step 3: the run ends with it
     assert steps_with(float(np.nextafter(times[3], 1.0))) == 4  # falls in step 4
     assert steps_with(float(times[3])) == 2  # ends exactly at step 3's end: the run stops before step 3
-    assert steps_with(float(times[5]), waiting=[Request(9, 0.0, 10**7, 10)]) == free_run.steps  # head never fits
+    held_back = [Request(9, 0.0, 10**7, 10)]  # a queued head that never fits
+    assert steps_with(float(times[2]), float(times[5]), waiting=held_back) == last  # passed: nobody joins there
+    assert steps_with(float(times[2]), float(times[last]), waiting=held_back) == last - 1  # not ended at one
+
+
+@pytest.mark.parametrize(
+    "policy, extra",
+    [
+        pytest.param("sglang", [], id="dense"),
+        pytest.param("pulseinfer", ["policy.pulseinfer.offload_threshold_tokens=1500"], id="offloaded"),
+    ],
+)
+def test_arrival_exactly_at_the_end_of_a_run_that_passed_arrivals(policy, extra, tmp_path, monkeypatch):
+    """A run that began with requests queued passes arrivals; one more arriving exactly when it ends, as the queue's
+    head joins, is seen by that decision when stepping (its timeout was scheduled before the last step's, so SimPy
+    processes it first), so the run must not end there. Ties are built by adding a request at such a run's end."""
+    from sim.serving.arrivals import ArrivalSchedule
+
+    columns = [f"workload.columns.{c}={c}" for c in ("arrival_s", "prompt_tokens", "output_tokens")]
+    columns[0] = "workload.columns.arrival=arrival_s"
+    common = [*SHORT[:2], "hardware.hbm_gib=26", "serving.prefill=colocated", "run.progress=false",
+              "run.debug_checks=true", "workload.time_scale=1", "workload.format=csv", *columns,
+              f"policies={policy}", *extra]  # fmt: skip
+    shaped = load_workload(load_scenario("default", [*SHORT, "workload.target_rate_per_s=20", f"policies={policy}"]))
+    base = shaped[["arrival_s", "prompt_tokens", "output_tokens"]].reset_index(drop=True)
+
+    def overrides(df: pd.DataFrame, name: str) -> list[str]:
+        df.to_csv(tmp_path / name, index=False)
+        return [*common, f"workload.trace={tmp_path / name}"]
+
+    runs = []  # (start, end) of runs that began with requests queued
+    real = Replica._decode_run
+
+    def logged(self):
+        start, queued = self.env.now, bool(self.waiting)
+        done = yield from real(self)
+        if done and queued:
+            runs.append((start, self.env.now))
+        return done
+
+    monkeypatch.setattr(Replica, "_decode_run", logged)
+    steps = simulate(load_scenario("default", overrides(base, "base.csv"))).policies[policy].steps
+    monkeypatch.setattr(Replica, "_decode_run", real)
+    prefill_starts = set(steps.loc[steps["phase"] == "prefill", "start_s"])
+    arrivals = base["arrival_s"].to_numpy()
+    ties = 0
+    for start, end in runs:
+        if end not in prefill_starts or not ((arrivals > start) & (arrivals < end)).any():
+            continue  # the head does not join at the run's end, or no arrival was passed inside it
+        late = pd.DataFrame({"arrival_s": [end], "prompt_tokens": [50], "output_tokens": [20]})
+        df = pd.concat([base, late]).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+        if end not in ArrivalSchedule(df["arrival_s"], 0.0).times_s:
+            continue  # its timeout would fire a bit off the run's end: no tie
+        _assert_equal(*_both(overrides(df, f"tie{ties}.csv")))
+        ties += 1
+        if ties == 3:
+            break
+    assert ties >= 1, (len(runs), "no run to build a tie on")
