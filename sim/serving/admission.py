@@ -158,7 +158,7 @@ class Admission:
             The number of leading decisions (0..m) at which nobody joins.
         """
         m = len(free_blocks)
-        if not waiting or len(batch) >= self.max_running:
+        if not m or not waiting or len(batch) >= self.max_running:
             return m
         req = waiting[0]
         pol, offloaded = self.policy, self.offload_possible(req, kv)
@@ -169,7 +169,7 @@ class Admission:
             return m  # waits for host DRAM or an offloaded slot, which decode steps do not free
         decayed = self._decayed_ratios(m)
         # one ratio for every decision when it has decayed to its floor (the same products, computed once)
-        ratios = decayed[0] if m and decayed[0] == decayed[-1] == self.ratio_min else np.array(decayed)
+        ratios = decayed[0] if decayed[0] == decayed[-1] == self.ratio_min else np.array(decayed)
         head_growth = pol.growth_one(min(req.output_tokens - req.generated, self.clip_max_new_tokens), offloaded)
         generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
         future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)
@@ -179,8 +179,8 @@ class Admission:
         cached_blocks, room = self._prefix_room(req, kv)
         room_blocks = free_blocks + (room - kv.device.free)
         waits = np.minimum(need + head_growth * ratios, worst) - cached_blocks > room_blocks - reserved
-        first = int(np.argmin(waits)) if m else 0  # the first decision at which the head joins (argmin: first False)
-        return m if not m or waits[first] else first
+        first = int(np.argmin(waits))  # the first decision at which the head joins (argmin: the first False)
+        return m if waits[first] else first
 
     # ---- one request -----------------------------------------------------------------------------
     def decide(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float, cached: int | None) -> str:

@@ -60,8 +60,6 @@ class DecodeBatch:
     requests leave the batch (:meth:`remove`).
     """
 
-    COLUMNS = ("ctx", "generated", "output", "blocks", "offloaded", "cold", "prompt", "recall_state")
-
     def __init__(self, recall_state_width: int = 0) -> None:
         self.reqs: list[Request] = []
         self.ctx = np.zeros(0, dtype=np.int64)  # cached KV tokens
