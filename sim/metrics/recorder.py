@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,22 @@ STEP_TYPECODES = {
 }  # fmt: skip
 NUMPY_DTYPES = {"q": np.int64, "d": np.float64, "b": np.int8}  # numpy dtype of each array typecode
 RUNS_PER_CHUNK = 2048  # skip-ahead runs whose rows are kept as given before merging them into numpy columns
+
+
+class RunRows(NamedTuple):
+    """One skip-ahead run's k decode-step rows as :meth:`Recorder.record_decode_run` was given them."""
+
+    first: int  # step id of its first row
+    k: int
+    start_s: np.ndarray  # float64 [k]
+    duration_s: np.ndarray  # float64 [k]
+    batch_size: int
+    attended_tokens: np.ndarray  # int64 [k]
+    kv_used_blocks: np.ndarray  # int64 [k]
+    hbm_used_bytes: np.ndarray  # int64 [k]
+    num_offloaded: int
+    host_used_bytes: int
+    recall: dict[str, np.ndarray] | None  # the recall columns, int64/float64 [k] each (None: all 0)
 
 
 @dataclass
@@ -110,10 +127,10 @@ class Recorder:
         self.layer_stall_s = np.zeros(self.num_layers)
         self._columns = {name: array(code) for name, code in STEP_TYPECODES.items()}
         self._appends = tuple(a.append for a in self._columns.values())
-        # Skip-ahead runs' rows, kept as given: (first row, k, {column: one value for every row or a [k] array});
-        # absent columns are 0. Every RUNS_PER_CHUNK runs they and the rows recorded one by one since the last
-        # chunk are merged in order into numpy columns (_chunks), which step_columns concatenates.
-        self._runs: list[tuple[int, int, dict]] = []
+        # Skip-ahead runs' rows, kept as given: RunRows tuples (absent columns are 0). Every RUNS_PER_CHUNK runs they
+        # and the rows recorded one by one since the last chunk are merged in order into numpy columns (_chunks),
+        # which step_columns concatenates.
+        self._runs: list[RunRows] = []
         self._chunks: list[dict[str, np.ndarray]] = []
         self._chunked_rows = 0  # rows merged into _chunks
 
@@ -138,21 +155,33 @@ class Recorder:
         start, end = self._chunked_rows, self.totals.num_steps
         if end == start:
             return
-        single = np.ones(end - start, dtype=bool)  # rows recorded one by one (record_step), in order
-        for first, k, _ in self._runs:
-            single[first - start : first - start + k] = False
+        runs = self._runs
         chunk = {}
         for name, column in self._columns.items():
             dtype = NUMPY_DTYPES[column.typecode]
-            values = np.zeros(end - start, dtype=dtype)
+            chunk[name] = np.zeros(end - start, dtype=dtype)
+        single = np.ones(end - start, dtype=bool)  # rows recorded one by one (record_step), in order
+        if runs:
+            firsts, ks, starts, durations, batch, attended, blocks, hbm, offloaded, host, recalls = zip(*runs)
+            ks = np.array(ks, dtype=np.int64)
+            # the runs' rows, in order: run i covers firsts[i] .. firsts[i] + ks[i] - 1
+            run_rows = np.arange(int(ks.sum())) + np.repeat(np.array(firsts) - start - (np.cumsum(ks) - ks), ks)
+            single[run_rows] = False
+            chunk["phase"][run_rows] = 1  # decode
+            for name, parts in (("start_s", starts), ("duration_s", durations), ("attended_tokens", attended),
+                                ("kv_used_blocks", blocks), ("hbm_used_bytes", hbm)):  # fmt: skip
+                chunk[name][run_rows] = np.concatenate(parts)
+            for name, one in (("batch_size", batch), ("num_offloaded", offloaded), ("host_used_bytes", host)):
+                chunk[name][run_rows] = np.repeat(np.array(one, dtype=np.int64), ks)
+            recalled = np.array([r is not None for r in recalls])
+            if recalled.any():  # runs that recalled: their per-step recall columns (others 0)
+                rows = run_rows[np.repeat(recalled, ks)]
+                for name in recalls[int(np.argmax(recalled))]:
+                    chunk[name][rows] = np.concatenate([r[name] for r in recalls if r is not None])
+        for name, column in self._columns.items():
             if len(column):
-                values[single] = np.frombuffer(column, dtype=dtype)
+                chunk[name][single] = np.frombuffer(column, dtype=chunk[name].dtype)
                 del column[:]
-            for first, k, given in self._runs:
-                value = given.get(name)
-                if value is not None:
-                    values[first - start : first - start + k] = value
-            chunk[name] = values
         self._chunks.append(chunk)
         self._runs.clear()
         self._chunked_rows = end
@@ -265,12 +294,12 @@ class Recorder:
         t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used.max()))
         if not self.keep_steps:
             return
-        given = {
-            "phase": 1, "start_s": times_s[:-1], "duration_s": durations_s, "batch_size": batch_size,
-            "attended_tokens": attended_tokens, "kv_used_blocks": blocks_used, "hbm_used_bytes": hbm_bytes,
-            "num_offloaded": num_offloaded, "host_used_bytes": host_bytes, **(recall or {}),
-        }  # fmt: skip
-        self._runs.append((t.num_steps - k, k, given))
+        self._runs.append(
+            RunRows(
+                t.num_steps - k, k, times_s[:-1], durations_s, batch_size, attended_tokens, blocks_used, hbm_bytes,
+                num_offloaded, host_bytes, recall,
+            )
+        )  # fmt: skip
         if len(self._runs) >= RUNS_PER_CHUNK:
             self._merge_rows()
 

@@ -91,26 +91,39 @@ def layer_recall_table(rec: Recorder) -> pd.DataFrame:
 
 
 def requests_table(reqs: list) -> pd.DataFrame:
-    """Per-request table (one row per request that arrived), sorted by request_id."""
-    rows = []
-    for r in reqs:
-        done = not np.isnan(r.finish_s) and not r.unfinished_reason
-        ttft = r.first_token_s - r.arrival_s
-        e2e = r.finish_s - r.arrival_s if done else np.nan
-        tpot = (e2e - ttft) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
-        # Client view: a request that never joined a decode batch (one output token) streams at first token.
-        admit = r.first_token_s if np.isnan(r.decode_admit_s) else r.decode_admit_s
-        ttft_client = admit - r.arrival_s
-        tpot_client = (e2e - ttft_client) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
-        rows.append(
-            (
-                r.request_id, r.arrival_s, r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prompt_tokens,
-                r.output_tokens, r.generated, r.offloaded, r.num_preemptions, done, r.unfinished_reason,
-                max(r.prefix_hit_tokens, 0), r.decode_admit_s, ttft_client, tpot_client, admit - r.first_token_s,
-            )
-        )  # fmt: skip
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
-    return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    """Per-request table (one row per request that arrived), sorted by request_id (columns :data:`REQUEST_COLUMNS`;
+    built column-wise, each value in the same float operations as one request's row would take)."""
+    n = len(reqs)
+    if not n:
+        return pd.DataFrame(columns=REQUEST_COLUMNS)
+
+    def col(attr: str, dtype: type) -> np.ndarray:
+        return np.fromiter((getattr(r, attr) for r in reqs), dtype=dtype, count=n)
+
+    order = np.argsort(col("request_id", np.int64), kind="stable")
+    reqs = [reqs[i] for i in order.tolist()]
+    arrival, first, finish = col("arrival_s", np.float64), col("first_token_s", np.float64), col("finish_s", np.float64)
+    output, admit_at = col("output_tokens", np.int64), col("decode_admit_s", np.float64)
+    reasons = [r.unfinished_reason for r in reqs]
+    done = ~np.isnan(finish) & np.fromiter((not reason for reason in reasons), dtype=bool, count=n)
+    ttft = first - arrival
+    e2e = np.where(done, finish - arrival, np.nan)
+    streams = done & (output > 1)  # TPOT is defined
+    steps = np.where(streams, output - 1, 1)
+    tpot = np.where(streams, (e2e - ttft) / steps, np.nan)
+    # Client view: a request that never joined a decode batch (one output token) streams at first token.
+    admit = np.where(np.isnan(admit_at), first, admit_at)
+    ttft_client = admit - arrival
+    columns = {
+        "request_id": col("request_id", np.int64), "arrival_s": arrival, "first_token_s": first, "finish_s": finish,
+        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "prompt_tokens": col("prompt_tokens", np.int64),
+        "output_tokens": output, "generated_tokens": col("generated", np.int64), "offloaded": col("offloaded", bool),
+        "num_preemptions": col("num_preemptions", np.int64), "finished": done, "unfinished_reason": reasons,
+        "prefix_hit_tokens": np.maximum(col("prefix_hit_tokens", np.int64), 0), "decode_admit_s": admit_at,
+        "ttft_client_s": ttft_client, "tpot_client_s": np.where(streams, (e2e - ttft_client) / steps, np.nan),
+        "decode_queue_wait_s": admit - first,
+    }  # fmt: skip
+    return pd.DataFrame(columns, columns=REQUEST_COLUMNS)
 
 
 def steps_table(rec: Recorder) -> pd.DataFrame:

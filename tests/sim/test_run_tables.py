@@ -4,6 +4,9 @@
 - The step table built from the recorder's column arrays equals the previous implementation's (one tuple per
   step, ``pd.DataFrame(rows, columns=STEP_COLUMNS)``), kept here as the reference builder, on a run of every
   policy kind (prefill and decode steps, offloaded requests, recalls).
+- The requests table built column-wise equals the previous row-by-row builder, kept here as the reference, on
+  generated requests (finished, cut, rejected, one output token, never admitted to decode, any order) and on a
+  run's requests.
 - ``run.tables: summary`` keeps no step rows, yet gives the same summary bit for bit and the same requests
   table, for single runs and for a cluster; it writes only summary.csv, the requests table and scenario.yaml.
 - Parquet round trip (skipped without pyarrow); ``parquet`` without pyarrow is one error naming the field, the
@@ -13,18 +16,22 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from plots.tables import read_table, table_path
 from pulseinfer.cli import EXIT_BAD_INPUT, main
 from sim.config import ScenarioError, load_scenario
 from sim.config.files import resolve_table_format
-from sim.metrics import STEP_COLUMNS, Recorder
+from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Recorder, requests_table
 from sim.run import simulate, simulate_policy
 from sim.serving.cluster import simulate_cluster
+from sim.serving.request import Request
 from sim.workload import load_workload
 
 # 30 Mooncake requests, colocated prefill (prefill and decode rows), every policy kind of the default scenario.
@@ -50,6 +57,64 @@ def _reference_record_step(rows: list):
         )  # fmt: skip
 
     return record
+
+
+def _reference_requests_table(reqs: list) -> pd.DataFrame:
+    """The previous ``requests_table``: one tuple per request, then sorted by request_id."""
+    rows = []
+    for r in reqs:
+        done = not np.isnan(r.finish_s) and not r.unfinished_reason
+        ttft = r.first_token_s - r.arrival_s
+        e2e = r.finish_s - r.arrival_s if done else np.nan
+        tpot = (e2e - ttft) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
+        admit = r.first_token_s if np.isnan(r.decode_admit_s) else r.decode_admit_s
+        ttft_client = admit - r.arrival_s
+        tpot_client = (e2e - ttft_client) / (r.output_tokens - 1) if done and r.output_tokens > 1 else np.nan
+        rows.append(
+            (
+                r.request_id, r.arrival_s, r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prompt_tokens,
+                r.output_tokens, r.generated, r.offloaded, r.num_preemptions, done, r.unfinished_reason,
+                max(r.prefix_hit_tokens, 0), r.decode_admit_s, ttft_client, tpot_client, admit - r.first_token_s,
+            )
+        )  # fmt: skip
+    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+times = st.floats(0, 1e4, allow_nan=False) | st.just(math.nan)
+
+
+@st.composite
+def served_requests(draw) -> list[Request]:
+    """Requests in any state a run leaves them in, in any order (ids may repeat: the sort must be stable)."""
+    reqs = []
+    for _ in range(draw(st.integers(1, 12))):
+        arrival = draw(st.floats(0, 1e3))
+        req = Request(draw(st.integers(0, 20)), arrival, draw(st.integers(1, 10**5)), draw(st.integers(1, 4)))
+        req.first_token_s, req.finish_s, req.decode_admit_s = draw(times), draw(times), draw(times)
+        req.generated, req.num_preemptions = draw(st.integers(0, 4)), draw(st.integers(0, 3))
+        req.offloaded, req.prefix_hit_tokens = draw(st.booleans()), draw(st.integers(-1, 500))
+        req.unfinished_reason = draw(st.sampled_from(["", "", "horizon", "stuck", "prompt exceeds the KV pool"]))
+        reqs.append(req)
+    return reqs
+
+
+@given(served_requests())
+def test_requests_table_equals_the_row_builder(reqs):
+    pd.testing.assert_frame_equal(requests_table(reqs), _reference_requests_table(reqs), check_exact=True)
+
+
+def test_requests_table_equals_the_row_builder_on_a_run(monkeypatch):
+    # a horizon that cuts the run: finished, cut and never-started requests
+    scenario = load_scenario("default", [*SMALL, "workload.max_requests=60", "run.horizon_s=60", "policies=sglang"])
+    seen = []
+    monkeypatch.setattr("sim.run.requests_table", lambda reqs: seen.append(list(reqs)) or requests_table(reqs))
+    simulate(scenario)
+    (reqs,) = seen
+    table = requests_table(reqs)
+    assert table["finished"].any() and not table["finished"].all()
+    pd.testing.assert_frame_equal(table, _reference_requests_table(reqs), check_exact=True)
+    assert requests_table([]).columns.tolist() == REQUEST_COLUMNS
 
 
 @pytest.fixture(scope="module")
