@@ -1,3 +1,3 @@
-from pulseinfer.cli import main
+from pulseinfer.cli import entry
 
-raise SystemExit(main())
+entry()

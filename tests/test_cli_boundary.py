@@ -4,6 +4,7 @@ line and exit 2; Ctrl-C → one ``interrupted`` line and exit 130; anything else
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import importlib.util
 import subprocess
@@ -196,3 +197,30 @@ def test_exit_statuses_are_defined_only_in_pulseinfer_errors():
                 defined += [(path.relative_to(REPO).as_posix(), n) for n in names]
     assert {p for p, _ in defined} == {"pulseinfer/errors.py"}, defined
     assert cli.EXIT_BAD_INPUT == 2
+
+
+def test_entry_exits_with_mains_status_and_freezes_what_is_alive(monkeypatch):
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    assert gc.get_freeze_count() == 0
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cli.entry()
+        assert exited.value.code == 3
+        assert gc.get_freeze_count() > 0  # shutdown's collections will skip them
+    finally:
+        gc.unfreeze()
+
+
+def test_main_itself_never_freezes(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("pulseinfer.commands.trace"), "run", lambda _args: 0)
+    assert main(["trace", "stats"]) == 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_script_and_module_run_the_entry_point():
+    tomllib = pytest.importorskip("tomllib")
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"pulseinfer": "pulseinfer.cli:entry"}
+    cmd = [sys.executable, "-m", "pulseinfer", "simulate", "no-such.yaml"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == EXIT_BAD_INPUT and done.stderr.startswith("error:"), done.stderr
