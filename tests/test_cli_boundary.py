@@ -224,3 +224,18 @@ def test_script_and_module_run_the_entry_point():
     cmd = [sys.executable, "-m", "pulseinfer", "simulate", "no-such.yaml"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == EXIT_BAD_INPUT and done.stderr.startswith("error:"), done.stderr
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collections_paused_leaves_the_collector_as_it_found_it(enabled):
+    from pulseinfer.commands import collections_paused
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with pytest.raises(ZeroDivisionError), collections_paused():
+            assert not gc.isenabled()
+            1 / 0  # noqa: B018
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -7,6 +7,9 @@ prints the ``error:`` line and picks the exit status.
 from __future__ import annotations
 
 import argparse
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pulseinfer.errors import UsageError
 
@@ -21,6 +24,23 @@ def add_overrides(p: argparse.ArgumentParser, example: str = "workload.time_scal
         metavar="KEY=VALUE",
         help=f"override a scenario key (repeatable), e.g. --set {example}",
     )
+
+
+@contextmanager
+def collections_paused() -> Iterator[None]:
+    """No garbage collections inside the block (a sub-command's heavy imports: sim, pandas, pyarrow, pydantic).
+
+    Importing them creates a few hundred thousand objects and no garbage, yet triggers collections that walk
+    them all: pausing saves ~40 ms of ~480 (``simulate``'s imports on a 2-core machine, side by side). The
+    collector is left as it was found.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def import_torch():

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pulseinfer.commands import add_overrides, plot
+from pulseinfer.commands import add_overrides, collections_paused, plot
 from pulseinfer.errors import UsageError
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import TaskBars
@@ -40,10 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.config import load_scenario
-    from sim.metrics.report import format_summary
-    from sim.run import simulate, with_ratios
-    from traces import trace_notes
+    with collections_paused():
+        from sim.config import load_scenario
+        from sim.metrics.report import format_summary
+        from sim.run import simulate, with_ratios
+        from traces import trace_notes
 
     formats = plot.check_format_arguments(args) if args.plots else ()
     overrides = [*args.overrides, "run.tables=summary"] if args.summary_only else args.overrides
