@@ -31,7 +31,7 @@ import sys
 
 from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "error_message", "main"]
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "entry", "error_message", "main"]
 
 COMMANDS = [
     "simulate",
@@ -104,9 +104,10 @@ def entry() -> None:
     Before the interpreter shuts down, every object still alive moves to the garbage collector's permanent
     generation (``gc.freeze``). Shutdown otherwise runs full collections over all of them, mostly the modules of
     pandas, pyarrow and pydantic: 150-220 ms after a ``simulate`` run on a 2-core machine, 26 ms frozen
-    (measured side by side). Nothing is skipped: the command's files are closed by then, and atexit handlers and
-    stream flushes still run. :func:`main` itself never freezes, so callers in a long-lived process (tests, a
-    notebook) keep their collections.
+    (measured side by side). atexit handlers and stream flushes still run; what the freeze skips is the
+    finalizers of objects caught in garbage cycles at exit, and nothing here relies on one (the commands write
+    their files inside ``with`` blocks). It freezes the process that runs it, so it is meant as a process's last
+    act: call :func:`main` from a long-lived process (tests, a notebook), which never freezes.
 
     Raises:
         SystemExit: always, with :func:`main`'s status.

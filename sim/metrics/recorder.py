@@ -5,10 +5,10 @@ recalling step's per-layer recall and stall (:meth:`Recorder.add_layers`) and th
 recalling step (``run.timeline_step``; :meth:`Recorder.timeline_buffer`); requests are appended when done.
 
 Step rows are stored as one typed ``array.array`` per column (8 bytes a value, one C append each); a skip-ahead
-run's rows as the arrays it computed (one dict per run); both are merged in step order into numpy columns every
-``RUNS_PER_CHUNK`` runs and by :meth:`Recorder.step_columns`; no per-row Python object is kept. What the summary
-needs of the steps (:class:`StepTotals`) is kept for every run; with ``keep_steps=False`` (``run.tables: summary``)
-it is all that is kept: no step rows, per-layer records or timeline.
+run's rows as the arrays it computed (one :class:`RunRows` per run); both are merged in step order into numpy
+columns every ``RUNS_PER_CHUNK`` runs and by :meth:`Recorder.step_columns`; no per-row Python object is kept. What
+the summary needs of the steps (:class:`StepTotals`) is kept for every run; with ``keep_steps=False``
+(``run.tables: summary``) it is all that is kept: no step rows, per-layer records or timeline.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ STEP_TYPECODES = {
 }  # fmt: skip
 NUMPY_DTYPES = {"q": np.int64, "d": np.float64, "b": np.int8}  # numpy dtype of each array typecode
 RUNS_PER_CHUNK = 2048  # skip-ahead runs whose rows are kept as given before merging them into numpy columns
+# The columns a run that recalled gives (``record_decode_run``'s ``recall``: one [k] array each).
+RECALL_COLUMNS = (
+    "recall_bytes", "num_fragments", "num_transfers", "selected_fragments", "stall_s", "link_busy_s", "gather_busy_s",
+)  # fmt: skip
 
 
 class RunRows(NamedTuple):
@@ -176,7 +180,7 @@ class Recorder:
             recalled = np.array([r is not None for r in recalls])
             if recalled.any():  # runs that recalled: their per-step recall columns (others 0)
                 rows = run_rows[np.repeat(recalled, ks)]
-                for name in recalls[int(np.argmax(recalled))]:
+                for name in RECALL_COLUMNS:  # (a run that left one out raises KeyError)
                     chunk[name][rows] = np.concatenate([r[name] for r in recalls if r is not None])
         for name, column in self._columns.items():
             if len(column):

@@ -121,7 +121,7 @@ class SessionDriver:
         for request_id, prompt_tokens, output_tokens, think_time_s in self.sessions[index]:
             if think_time_s > 0:
                 yield env.timeout(think_time_s)
-            req = Request(request_id, env.now, prompt_tokens, output_tokens)
+            req = Request(request_id, float(env.now), prompt_tokens, output_tokens)  # (SimPy's clock starts at int 0)
             if request_id in self.hash_ids:
                 req.hash_ids, req.hash_block_tokens = tuple(self.hash_ids[request_id]), self.block_tokens
             req.done = env.event()

@@ -13,6 +13,7 @@ import pytest
 
 from plots.tables import read_table
 from sim.config import ScenarioError, load_scenario
+from sim.metrics import requests_table
 from sim.run import simulate
 from sim.serving.sessions import session_starts
 from sim.workload import load_workload
@@ -57,6 +58,16 @@ def test_second_request_is_issued_at_first_finish_plus_think_time(tmp_path, pref
     assert requests["finished"].all()
     assert requests["session_id"].tolist() == ["s0", "s0"]
     assert requests["turn"].tolist() == [0, 1]
+
+
+def test_requests_are_issued_with_float_arrival_times(tmp_path, monkeypatch):
+    # SimPy's clock starts at the int 0; the request issued then must still carry a float ``arrival_s``
+    issued = []
+    monkeypatch.setattr("sim.run.requests_table", lambda reqs: issued.extend(reqs) or requests_table(reqs))
+    trace = _sessions(tmp_path / "s", [_req(0.0, 4000, 30, 0.0), _req(1.0, 4000, 30, 0.5)])
+    simulate(_scenario(trace))
+    assert [r.arrival_s for r in issued][0] == 0.0
+    assert all(type(r.arrival_s) is float for r in issued), [r.arrival_s for r in issued]
 
 
 def test_zero_output_and_rejected_requests_still_release_the_next_turn(tmp_path):
