@@ -128,12 +128,14 @@ def plan_offloaded_run(
         devices: the replica's link and D2H state (read, not modified).
         draws: the replica's streams (peeked, not consumed).
         recorder: read for the recalling steps so far (the timeline's step is stepped, to record its intervals).
-        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none), the caller
-            having taken the next arrival into it unless requests are queued (sim/serving/decode_run.py).
-        arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events): the
-            run never ends exactly at one.
+        now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
+        arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events): with
+            none queued the next one bounds the run (with a queue, arrivals join behind its held-back head, as in
+            sim/serving/decode_run.py), and the run never ends exactly at one.
     """
     b, pol = batch, policy
+    if arrivals is not None and not waiting:
+        next_event_s = min(next_event_s, arrivals.next_s())
     if next_event_s <= now_s:
         return None
     num_layers = pol.num_layers

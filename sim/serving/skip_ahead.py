@@ -44,8 +44,6 @@ class SkipAhead:
         """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
-        if arrivals is not None and not self.waiting:  # (with a queue, arrivals join behind its held-back head)
-            next_s = min(next_s, arrivals.next_s())
         run = plan_offloaded_run(
             self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals
         )
