@@ -25,6 +25,7 @@ import pandas as pd
 import yaml
 
 from calibrate.selection_fit import fit_recall_stats, selection_summary
+from sim.config.files import parse_yaml
 
 if TYPE_CHECKING:
     from engine.weights import LoadedModel
@@ -161,7 +162,7 @@ def merge_recall_stats(path: str | Path, recall_stats: dict, source: str, name: 
     """
     path = Path(path)
     if path.exists():
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"), str(path))  # bounded: size, nesting, aliases
         if data is None:
             data = {"name": name}
         if not isinstance(data, dict):

@@ -6,6 +6,7 @@ missing, unreadable or lacks what it needs is skipped with a one-line note; noth
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from plots.timeseries import link_utilisation, memory_over_time, throughput_over
 FORMATS = ("png", "svg", "pdf")
 MIN_ABLATION_POLICIES = 3
 WINDOW_ARRIVALS = 2.0  # time axes run to this multiple of the last arrival
+MAX_FIGURE_PIXELS = 100_000_000  # a PNG above this (400 MB of RGBA while drawing) is written at a lower dpi
+MAX_SCENARIO_BYTES = 1 << 20  # a results folder's scenario.yaml larger than this was not written by pulseinfer
 
 
 @dataclass(frozen=True)
@@ -136,9 +139,15 @@ def _window_s(tables: _TableCache) -> float | None:
 def _scenario_context(scenario_yaml: Path) -> dict:
     """SLO bounds and HBM capacity from the resolved scenario, when it is there (lines on the figures)."""
     try:
+        if scenario_yaml.stat().st_size > MAX_SCENARIO_BYTES:  # not one pulseinfer wrote: no context lines
+            return _scenario_context_of(None)
         scenario = yaml.safe_load(scenario_yaml.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         scenario = None
+    return _scenario_context_of(scenario)
+
+
+def _scenario_context_of(scenario: object) -> dict:
     slo, hardware = _section(scenario, "slo"), _section(scenario, "hardware")
     tpot_ms, ttft_s, hbm_gib = slo.get("tpot_ms"), slo.get("ttft_s"), hardware.get("hbm_gib")
     number = (int, float)
@@ -155,6 +164,18 @@ def _section(scenario: object, key: str) -> dict:
 
 
 def _save(fig: Figure, path: Path, dpi: int) -> Path:
+    """Write ``fig``; a raster figure whose size × ``dpi`` would exceed :data:`MAX_FIGURE_PIXELS` is written at the
+    highest dpi that fits, with a warning naming the figure and both dpi values (figures grow with policies and
+    grid values, so a dpi fine for one figure can ask gigabytes of another)."""
     metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(path.suffix[1:])
+    width_in, height_in = fig.get_size_inches()
+    if path.suffix == ".png" and width_in * height_in * dpi * dpi > MAX_FIGURE_PIXELS:
+        fitted = max(1, int((MAX_FIGURE_PIXELS / (width_in * height_in)) ** 0.5))
+        warnings.warn(
+            f"{path.name}: {width_in:.1f} x {height_in:.1f} in at --dpi {dpi} would be more than "
+            f"{MAX_FIGURE_PIXELS:,} pixels; written at dpi {fitted}",
+            stacklevel=2,
+        )
+        dpi = fitted
     fig.savefig(path, dpi=dpi, metadata=metadata)
     return path

@@ -13,7 +13,12 @@ Error boundary: ``run`` does its work and raises; :func:`main` alone turns error
   plain ``ValueError`` in ``pulseinfer.errors.usage_errors`` and map a library's field names to their flags
   with ``pulseinfer.errors.flag_names``;
 - an ``OSError`` (a path the user named cannot be read or written) → one ``error:`` line, exit 2;
-- ``KeyboardInterrupt`` → one ``interrupted`` line, exit 130, no traceback;
+- ``KeyboardInterrupt`` (Ctrl-C, SIGINT) → one ``interrupted`` line, exit 130, no traceback; SIGTERM → one
+  ``terminated`` line, exit 143: while a sub-command runs, SIGTERM raises ``pulseinfer.errors.Terminated`` (a
+  ``KeyboardInterrupt`` subclass) in the main thread, so both signals unwind the same way: worker pools stop their
+  workers (sim/study/executors.py), a staging folder is removed (pulseinfer/outdir.py), what finished is kept;
+- a bug the simulator caught itself (the classes in :data:`BUG_REPORTS`, e.g. sim's ``PhysicsError``: a run broke
+  a physical bound) → one ``bug: <message>`` line naming the check and the scenario, exit 1, no traceback;
 - anything else propagates with its traceback (exit 1): it is a bug.
 
 Input errors are recognised by (top-level package, class name) along the exception's MRO rather than by
@@ -27,9 +32,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "entry", "error_message", "main"]
 
@@ -67,6 +76,8 @@ INPUT_ERRORS: dict[str, frozenset[str]] = {
     "plots": frozenset({"MissingData"}),
     "engine": frozenset({"ModelNotInstalled"}),
 }
+# top-level package → names of its exception classes that report a bug the library caught in itself
+BUG_REPORTS: dict[str, frozenset[str]] = {"sim": frozenset({"PhysicsError"})}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,16 +96,41 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the sub-command, and map what it raises to one stderr line and an exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        with _sigterm_raises():
+            return args.run(args)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
         message = error_message(exc)
         if message is None:
-            raise
+            if not _named_in(exc, BUG_REPORTS):
+                raise
+            print(f"bug: {_one_line(exc)}", file=sys.stderr)
+            return EXIT_FAILED
         print(f"error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Inside the block SIGTERM raises :class:`~pulseinfer.errors.Terminated` (main thread only: elsewhere Python
+    cannot install a handler); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def entry() -> None:
@@ -123,10 +159,12 @@ def error_message(exc: BaseException) -> str | None:
         if exc.filename is not None and exc.strerror:
             return f"{exc.filename}: {exc.strerror}"
         return _one_line(exc)
-    for cls in type(exc).__mro__:
-        if cls.__name__ in INPUT_ERRORS.get(cls.__module__.partition(".")[0], ()):
-            return _one_line(exc)
-    return None
+    return _one_line(exc) if _named_in(exc, INPUT_ERRORS) else None
+
+
+def _named_in(exc: BaseException, names: dict[str, frozenset[str]]) -> bool:
+    """Whether a class along ``exc``'s MRO is named in ``names`` (top-level package → class names)."""
+    return any(cls.__name__ in names.get(cls.__module__.partition(".")[0], ()) for cls in type(exc).__mro__)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -13,6 +13,16 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run finished but produced nothing usable (also Python's status for an uncaught exception)
 EXIT_BAD_INPUT = 2  # one ``error:`` line naming the flag or field, the value and what was expected
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread by the handler ``pulseinfer.cli.main`` installs.
+
+    A ``KeyboardInterrupt`` subclass, so every cleanup written for Ctrl-C runs for SIGTERM too (a results
+    folder's staging folder is removed, worker pools stop their workers, Optuna marks the running trial failed);
+    ``main`` tells the two apart for the exit status.
+    """
 
 
 class UsageError(ValueError):

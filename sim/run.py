@@ -6,6 +6,10 @@ start times from a generator of their own, so every policy is offered the same s
 
 Each policy gets a fresh SimPy environment and a generator seeded from ``(scenario.seed, policy index)``,
 so policies do not share random streams and the same seed gives identical tables.
+
+Before a policy runs, its workload's clock is checked (sim/metrics/physics.py ``check_clock``: a
+``ScenarioError``); after, its summary is checked against the card and the compute model (``check_physics``: a
+``PhysicsError``, a simulator bug), so simulate, sweep, search and plan never report an impossible number.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 import traces
-from sim.config import Scenario, SessionsSpec, dump_scenario
+from sim.config import GIB, Scenario, SessionsSpec, dump_scenario
 from sim.metrics import (
     SUMMARY_COLUMNS,
     layer_recall_table,
@@ -30,6 +34,7 @@ from sim.metrics import (
     unfinished_counts,
 )
 from sim.metrics.files import write_table
+from sim.metrics.physics import bounds_of, check_clock, check_physics
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.request import Request
 from sim.serving.sessions import SessionDriver, session_starts
@@ -62,6 +67,7 @@ class PolicyResult:
     layers: pd.DataFrame | None  # per layer totals: recall bytes, fragments, stall
     layer_recall: pd.DataFrame | None  # recall bytes per (time bin, layer)
     timeline: pd.DataFrame | None  # intervals of one decode step that recalls
+    kv_pool_gib: float = 0.0  # the device KV pool of one GPU (what a request rejected as exceeds_kv_pool outgrew)
 
 
 @dataclass
@@ -114,10 +120,13 @@ def simulate_policy(
 
     Raises:
         CapacityError: if the model does not fit in HBM.
+        ScenarioError: the workload's clock would outrun float64 (:func:`sim.metrics.physics.check_clock`).
+        PhysicsError: the run broke a physical bound (a simulator bug, :func:`sim.metrics.physics.check_physics`).
     """
     fleet = Fleet(scenario, policy_name, 1, seed_index, on_finish)
-    fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     replica, rec = fleet.replicas[0], fleet.recorders[0]
+    check_clock(scenario, workload, replica.policy.compute)
+    fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     if traces.is_session_table(workload):  # closed loop: sessions issue requests as earlier ones finish
         spec = scenario.workload.sessions or SessionsSpec()
         # Same session start times for every policy: a generator of their own, not the policy's.
@@ -136,10 +145,12 @@ def simulate_policy(
         policy_name, requests, rec, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
         fleet.end_s(requests), kv.device.peak,
     )  # fmt: skip
+    check_physics(summary, bounds_of(replica.policy), scenario)
+    pool_gib = kv.device.capacity * kv.block_bytes / GIB
     if not rec.keep_steps:
-        return PolicyResult(requests, None, summary, None, None, None)
+        return PolicyResult(requests, None, summary, None, None, None, pool_gib)
     return PolicyResult(
-        requests, steps_table(rec), summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec)
+        requests, steps_table(rec), summary, layers_table(rec), layer_recall_table(rec), timeline_table(rec), pool_gib
     )
 
 
@@ -172,6 +183,7 @@ def simulate(scenario: Scenario, progress: Callable[[str, int], Callable[[Reques
     Raises:
         ScenarioError: bad workload input.
         CapacityError: the model does not fit on the hardware.
+        PhysicsError: a run broke a physical bound (a simulator bug).
     """
     workload = load_workload(scenario)
     result = SimResult(scenario, workload)

@@ -163,3 +163,118 @@ def test_malformed_trace_row_exits_2_naming_file_line_and_field(tmp_path, capsys
     )
     assert main(_simulate(tmp_path, "--set", f"workload.trace={trace}")) == EXIT_BAD_INPUT
     _assert_one_error_line(capsys.readouterr().err, "workload.trace", "bad.jsonl", "line 2", "input_length")
+
+
+# --- Bounded input (issue 30): an alias bomb, an impossible rate or resolution is one line, before any simulation ---
+
+
+def _no_simulation(*_args, **_kwargs):
+    raise AssertionError("a bad flag must be refused before anything is simulated or drawn")
+
+
+def test_yaml_alias_bomb_scenario_exits_2_with_one_short_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sim.run.simulate", _no_simulation)
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]  # 9 values, each level 9 x the one before
+    lines += [f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi")]  # 9^9 in all
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert main(_simulate(tmp_path, str(bomb))) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    _assert_one_error_line(err, "bomb.yaml", "1,000,000")
+    assert len(err) < 300
+
+
+@pytest.mark.parametrize("rate", ["inf", "nan", "-1", "0"])
+def test_plan_target_rate_that_is_not_finite_and_positive_exits_2_before_planning(tmp_path, capsys, monkeypatch, rate):
+    monkeypatch.setattr("sim.study.plan.check_plan", _no_simulation)
+    monkeypatch.setattr("sim.study.plan.run_plan", _no_simulation)
+    code = main(["plan", "--target-rate", rate, "--out", str(tmp_path / "plan"), "--no-progress", *_sets(TINY)])
+    assert code == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, f"--target-rate {float(rate)}", "finite number > 0")
+    assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("dpi", ["20000", "0", "19", "601"])
+def test_simulate_plots_dpi_out_of_range_exits_2_before_simulating(tmp_path, capsys, monkeypatch, dpi):
+    monkeypatch.setattr("sim.run.simulate", _no_simulation)
+    assert main(_simulate(tmp_path, "--plots", "--dpi", dpi, *_sets(TINY))) == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, f"--dpi {dpi}", "20 to 600")
+    assert not (tmp_path / "out").exists()
+
+
+def test_plot_dpi_out_of_range_exits_2_before_drawing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("plots.render.plot_results", _no_simulation)
+    (tmp_path / "results").mkdir()
+    assert main(["plot", str(tmp_path / "results"), "--dpi", "20000"]) == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, "--dpi 20000", "20 to 600")
+    assert not (tmp_path / "results" / "plots").exists()
+
+
+# --- Impossible numbers and requests that can never run (issue 30) ---
+
+
+def _jsonl_trace(tmp_path: Path, *rows: tuple[int, int, int]) -> str:
+    """A Mooncake-style trace of (timestamp ms, prompt tokens, output tokens) rows."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {i}, "output_length": {o}}}\n' for t, i, o in rows))
+    return str(path)
+
+
+def test_recall_cache_larger_than_the_free_hbm_exits_2_naming_the_key_and_the_gib_left(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sim.run.simulate", _no_simulation)
+    cache = ["policies=pulseinfer", "policy.pulseinfer.recall_cache=shared", "policy.pulseinfer.recall_cache_gib=101"]
+    assert main(_simulate(tmp_path, *_sets([*TINY, *cache]))) == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, "policy.pulseinfer.recall_cache_gib: 101 GiB", "100.39 GiB")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["workload.max_requests=20", "workload.time_scale=1e12"], ["workload.time_scale: 1e+12", "use at most"]),
+        ([*TINY, "workload.synthetic.rate_per_s=1e-300"], ["workload.synthetic.rate_per_s: 1e-300", "use at least"]),
+        ([*TINY, "hardware.hbm_bandwidth_gbps=1e-9"], ["hardware.hbm_bandwidth_gbps: 1e-09", "physical range"]),
+    ],
+    ids=["time_scale", "rate", "hbm_bandwidth"],
+)
+def test_inputs_that_would_lose_clock_precision_exit_2_with_one_line(tmp_path, capsys, overrides, needles):
+    assert main(_simulate(tmp_path, *_sets(["policies=sglang", *overrides]))) == EXIT_BAD_INPUT
+    _assert_one_error_line(capsys.readouterr().err, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_rejected_requests_are_counted_by_reason_on_the_console(tmp_path, capsys):
+    trace = _jsonl_trace(tmp_path, (0, 1000, 10), (0, 200000, 10), (10, 300000, 5), (20, 900, 10))
+    args = _sets([f"workload.trace={trace}", "workload.time_scale=1", "policies=sglang"])
+    assert main(_simulate(tmp_path, *args)) == 0
+    out = capsys.readouterr().out
+    assert "sglang rejected: 2 — prompt + output longer than max_seq_len 131072" in out
+
+
+def test_run_where_every_request_is_rejected_exits_2_with_the_reason(tmp_path, capsys):
+    trace = _jsonl_trace(tmp_path, (0, 1_000_000, 10), (10, 1_000_000, 10))
+    args = _sets([f"workload.trace={trace}", "workload.time_scale=1", "policies=sglang,pulseinfer"])
+    assert main(_simulate(tmp_path, *args)) == EXIT_BAD_INPUT
+    _assert_one_error_line(
+        capsys.readouterr().err,
+        "every request was rejected",
+        "sglang rejected: 2 — prompt + output longer than max_seq_len 131072",
+        "pulseinfer rejected: 2",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_physics_violation_is_one_bug_report_line_exit_1_not_a_result(tmp_path, capsys, monkeypatch):
+    from pulseinfer.cli import BUG_REPORTS
+    from sim.metrics.physics import PhysicsBounds, PhysicsError
+
+    assert PhysicsError.__module__.startswith("sim.") and "PhysicsError" in BUG_REPORTS["sim"]
+    # a card of 1 GiB as the bound: the run's real peak HBM breaks it, as a simulator bug would
+    monkeypatch.setattr("sim.run.bounds_of", lambda policy: PhysicsBounds(1.0, 55.0, 0.0))
+    assert main(_simulate(tmp_path, *_sets([*TINY, "policies=sglang"]))) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bug: ") and "Traceback" not in captured.err, lines
+    for needle in ("peak_hbm_gib <= hardware.hbm_gib", "(measured ", "bound 1)", "scenario 'default'", "report"):
+        assert needle in lines[0], (needle, lines[0])
+    assert "decode tok/s" not in captured.out and not (tmp_path / "out").exists()

@@ -1,15 +1,19 @@
-"""Result folders are written whole: staged beside --out, moved into place when complete; a re-run replaces the
-folder; an error or Ctrl-C leaves the previous folder exactly as it was; --out is checked before any work."""
+"""Result folders are written whole: staged beside --out, moved into place when complete; a re-run replaces what
+the previous run wrote and carries the user's files over; an error or Ctrl-C leaves the previous folder exactly as
+it was; --out is checked before any work; a folder pulseinfer did not write is refused, not deleted."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 
 import sim.run
 from pulseinfer.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
-from pulseinfer.outdir import MARKER, results_folder
+from pulseinfer.errors import UsageError
+from pulseinfer.outdir import MARKER, mark_results, results_folder
 
 TINY = [
     "workload.trace=null",
@@ -32,14 +36,217 @@ def _leftovers(parent: Path) -> list[str]:
     return [p.name for p in parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
 
 
-def test_rerun_replaces_the_whole_folder(tmp_path, capsys):
+def _listed(folder: Path) -> set[str]:
+    return set(json.loads((folder / MARKER).read_text())["files"])
+
+
+def _refused(argv: list[str], folder: Path, capsys) -> None:
+    """The command exits 2 with one error line naming ``folder`` and leaves it exactly as it was."""
+    before = _snapshot(folder)
+    capsys.readouterr()
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and str(folder) in err
+    assert _snapshot(folder) == before and _leftovers(folder.parent) == []
+
+
+def test_rerun_replaces_what_the_previous_run_wrote(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(_simulate(out)) == 0
-    (out / "stale_figure.png").write_bytes(b"from an earlier run")
-    assert main(_simulate(out, "--set", "seed=3")) == 0
-    assert not (out / "stale_figure.png").exists() and (out / MARKER).is_file()
+    first = _listed(out)
+    assert first == {p.name for p in out.iterdir()} - {MARKER} and any(n.startswith("steps.") for n in first)
+    assert main(_simulate(out, "--set", "seed=3", "--summary-only")) == 0  # writes fewer tables
+    assert {p.name for p in out.iterdir()} == _listed(out) | {MARKER}  # the first run's steps table is gone
+    assert not any(n.startswith("steps.") for n in _listed(out))
     assert "seed: 3" in (out / "scenario.yaml").read_text()
     assert _leftovers(tmp_path) == []
+
+
+def test_rerun_carries_the_users_files_over_untouched(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_simulate(out)) == 0
+    (out / "my_notes").mkdir()
+    (out / "my_notes" / "analysis.txt").write_text("mine")
+    (out / "notes.md").write_text("also mine")
+    (out / "stale_figure.png").write_bytes(b"a figure of mine")
+    inodes = {name: (out / name).stat().st_ino for name in ("my_notes", "notes.md", "stale_figure.png")}
+    assert main(_simulate(out, "--set", "seed=3")) == 0
+    assert (out / "my_notes" / "analysis.txt").read_text() == "mine" and (out / "notes.md").read_text() == "also mine"
+    assert (out / "stale_figure.png").read_bytes() == b"a figure of mine"
+    assert {name: (out / name).stat().st_ino for name in inodes} == inodes  # moved, not copied
+    assert "notes.md" not in _listed(out) and "seed: 3" in (out / "scenario.yaml").read_text()
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["wedding_001.png", "wedding_002.png"], ["fig3.pdf", "fig4.svg"]],
+    ids=["photos", "figures"],
+)
+def test_a_folder_of_images_is_refused_and_left_intact(tmp_path, capsys, monkeypatch, names):
+    monkeypatch.setattr(sim.run, "simulate", lambda *a, **k: pytest.fail("simulated before checking --out"))
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_bytes(name.encode())
+    _refused(_simulate(folder), folder, capsys)
+    (tmp_path / "results").mkdir()
+    _refused(["plot", str(tmp_path / "results"), "--out", str(folder)], folder, capsys)
+
+
+def test_a_subfolder_of_a_results_folder_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_simulate(out)) == 0
+    (out / "my_notes").mkdir()
+    (out / "my_notes" / "analysis.txt").write_text("mine")
+    _refused(_simulate(out / "my_notes"), out / "my_notes", capsys)
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "a\\b", ".hidden", "x" * 101])
+def test_a_scenario_name_is_a_name_not_a_path(tmp_path, capsys, monkeypatch, name):
+    cwd = tmp_path / "deep" / "er"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    argv = _simulate(Path("unused"), "--set", f"name={name}")
+    del argv[argv.index("--out") : argv.index("--out") + 2]  # the default folder, results/<name>
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: name: ") and err.count("\n") == 1 and repr(name)[:30] in err
+    (tmp_path / "s.yaml").write_text(f"name: '{name}'\nmodel: qwen3-14b\nhardware: h200\n")  # the same from a file
+    assert main(["simulate", str(tmp_path / "s.yaml")]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith("error: name: ")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["deep", "deep/er", "s.yaml"]
+
+
+@pytest.mark.parametrize("umask", [0o027, 0o002])
+def test_results_follow_the_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        with results_folder(tmp_path / "out") as stage:
+            (stage / "plots").mkdir()
+            (stage / "table.csv").write_text("a\n")
+    finally:
+        os.umask(previous)
+    out = tmp_path / "out"
+    assert [(out / p).stat().st_mode & 0o777 for p in ("", "plots", "table.csv", MARKER)] == [
+        0o777 & ~umask,
+        0o777 & ~umask,
+        0o666 & ~umask,
+        0o666 & ~umask,
+    ]
+
+
+def test_the_marker_lists_what_the_run_wrote(tmp_path):
+    with results_folder(tmp_path / "out", command="simulate") as stage:
+        (stage / "plots").mkdir()
+        (stage / "plots" / "tpot.png").write_bytes(b"png")
+        (stage / "summary.csv").write_text("a\n")
+    marker = json.loads((tmp_path / "out" / MARKER).read_text())
+    assert (marker["files"], marker["folders"], marker["written_by"]) == (
+        ["plots/tpot.png", "summary.csv"],
+        ["plots"],
+        "pulseinfer simulate",
+    )
+
+
+def test_a_folder_an_enclosing_results_folder_lists_may_be_replaced(tmp_path):
+    out = tmp_path / "out"
+    with results_folder(out) as stage:  # simulate --plots
+        (stage / "plots").mkdir()
+        (stage / "plots" / "old.png").write_bytes(b"old")
+    (out / "plots" / "mine.txt").write_text("mine")
+    with results_folder(out / "plots", command="plot") as stage:  # pulseinfer plot OUT
+        (stage / "new.png").write_bytes(b"new")
+    assert sorted(p.name for p in (out / "plots").iterdir()) == [MARKER, "mine.txt", "new.png"]
+    with results_folder(out) as stage:  # a re-run of the enclosing folder, without figures this time
+        (stage / "summary.csv").write_text("a\n")
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [MARKER, "plots", "plots/mine.txt", "summary.csv"]
+
+
+def test_a_results_folder_nested_by_the_user_survives_a_rerun(tmp_path):
+    out = tmp_path / "out"
+    with results_folder(out) as stage:
+        (stage / "summary.csv").write_text("1\n")
+    with results_folder(out / "exp2") as stage:  # pulseinfer simulate --out OUT/exp2
+        (stage / "summary.csv").write_text("2\n")
+    with results_folder(out) as stage:
+        (stage / "summary.csv").write_text("3\n")
+    assert (out / "exp2" / "summary.csv").read_text() == "2\n" and (out / "exp2" / MARKER).is_file()
+
+
+def test_figures_of_pulseinfer_plot_give_way_to_the_same_figures_of_a_rerun(tmp_path):
+    out = tmp_path / "out"
+    with results_folder(out) as stage:  # simulate
+        (stage / "summary.csv").write_text("1\n")
+    with results_folder(out / "plots", command="plot") as stage:  # pulseinfer plot OUT --format png,svg
+        (stage / "tpot.png").write_text("plot")
+        (stage / "tpot.svg").write_text("plot")
+    with results_folder(out) as stage:  # simulate --plots
+        (stage / "plots").mkdir()
+        (stage / "plots" / "tpot.png").write_text("rerun")
+    assert (out / "plots" / "tpot.png").read_text() == "rerun" and (out / "plots" / "tpot.svg").is_file()
+    with results_folder(out / "plots", command="plot") as stage:  # both markers claim both figures
+        (stage / "tpot.png").write_text("plot again")
+    assert sorted(p.name for p in (out / "plots").iterdir()) == [MARKER, "tpot.png"]
+
+
+def test_a_folder_of_an_earlier_version_keeps_what_it_did_not_write(tmp_path):
+    out = tmp_path / "out"
+    for path, text in [
+        (MARKER, "written by pulseinfer simulate; a re-run replaces this whole folder\n"),
+        ("summary.csv", "old"),
+        ("notes.txt", "mine"),
+        ("plots/tpot.png", "old"),
+        ("plots/mine.txt", "mine"),
+        ("cache/ab/abcd.json", "{}"),
+        ("my_notes/table.csv", "mine"),
+    ]:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text(text)
+    with results_folder(out) as stage:
+        (stage / "summary.csv").write_text("new")
+    files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file() and p.name != MARKER}
+    assert files == {"summary.csv": "new", "notes.txt": "mine", "plots/mine.txt": "mine", "my_notes/table.csv": "mine"}
+
+
+def test_a_run_writing_over_a_users_file_replaces_nothing(tmp_path):
+    out = tmp_path / "out"
+    with results_folder(out) as stage:
+        (stage / "a.csv").write_text("a")
+    (out / "b.csv").write_text("mine")
+    before = _snapshot(out)
+    with pytest.raises(UsageError, match=r"b\.csv was not written by pulseinfer.*nothing was replaced"):
+        with results_folder(out) as stage:
+            (stage / "b.csv").write_text("the run's")
+    assert _snapshot(out) == before and _leftovers(tmp_path) == []
+
+
+def test_what_cannot_be_carried_over_is_refused_before_the_run(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with results_folder(out) as stage:
+        (stage / "a.csv").write_text("a")
+    (out / "locked").mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p).name != "locked" and access(p, mode))  # tests run as root
+    with pytest.raises(UsageError, match=r"locked was not written by pulseinfer and a re-run cannot carry it"):
+        with results_folder(out):
+            pytest.fail("ran before refusing")
+    assert (out / "locked").is_dir() and _leftovers(tmp_path) == []
+
+
+def test_a_folder_written_in_place_is_marked_and_later_replaced(tmp_path):
+    out = tmp_path / "sweep"
+    mark_results(out, "sweep", files=["sweep.csv"], trees=["cache"])
+    (out / "cache" / "ab").mkdir(parents=True)
+    (out / "cache" / "ab" / "abcd.json").write_text("{}")
+    (out / "sweep.csv").write_text("a\n")
+    mark_results(out, "sweep", files=["compare.csv"], trees=["cache"])  # a second sweep adds a comparison
+    (out / "compare.csv").write_text("c\n")
+    (out / "notes.txt").write_text("mine")
+    assert json.loads((out / MARKER).read_text())["files"] == ["compare.csv", "sweep.csv"]
+    with results_folder(out) as stage:
+        (stage / "summary.csv").write_text("s\n")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt", "summary.csv"]
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
@@ -80,6 +287,22 @@ def test_summary_only_with_plots_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_figures_of_pulseinfer_plot_are_marked(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_simulate(out)) == 0
+    (out / "plots").mkdir()
+    (out / "plots" / "mine.txt").write_text("mine")  # an empty or unmarked plots/ is the user's
+    _refused(["plot", str(out)], out / "plots", capsys)
+    (out / "plots" / "mine.txt").unlink()
+    assert main(["plot", str(out), "--format", "svg"]) == 0  # an empty folder may be used
+    figures = _listed(out / "plots")
+    assert figures and all(name.endswith(".svg") for name in figures)
+    (out / "plots" / "mine.txt").write_text("mine")
+    assert main(["plot", str(out)]) == 0  # replaces its own figures, keeps the rest
+    assert {p.name for p in (out / "plots").iterdir()} == _listed(out / "plots") | {MARKER, "mine.txt"}
+    assert all(name.endswith(".png") for name in _listed(out / "plots"))
+
+
 def test_foreign_non_empty_folder_is_refused_not_deleted(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sim.run, "simulate", lambda *a, **k: pytest.fail("simulated before checking --out"))
     (tmp_path / "notes.txt").write_text("mine")
@@ -95,3 +318,35 @@ def test_update_mode_keeps_the_existing_files(tmp_path):
     with results_folder(out, update=True) as stage:
         (stage / "selection.csv").write_text("a\n")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "profile.yaml", "selection.csv"]
+    assert _listed(out) == {"selection.csv"}  # the profile, unchanged, is still the user's
+
+
+def test_update_mode_replaces_a_file_the_run_changed_and_keeps_the_rest(tmp_path):
+    out = tmp_path / "calib"
+    out.mkdir()
+    (out / "profile.yaml").write_text("name: p\n")
+    (out / "notes.txt").write_text("mine")
+    (out / "raw").mkdir()
+    inode = (out / "notes.txt").stat().st_ino
+    with results_folder(out, update=True) as stage:
+        assert (stage / "profile.yaml").read_text() == "name: p\n"  # the command reads what is there
+        (stage / "profile.yaml").write_text("name: p\nrecall_stats: {}\n")
+        (out / "notes.txt").write_text("edited during the run")
+    assert (out / "profile.yaml").read_text().endswith("recall_stats: {}\n") and (out / "raw").is_dir()
+    assert (out / "notes.txt").read_text() == "edited during the run" and (out / "notes.txt").stat().st_ino == inode
+    assert _listed(out) == {"profile.yaml"}
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_signal_during_the_renames_is_delivered_after_them():
+    import os
+    import signal
+
+    from pulseinfer.outdir import _no_interrupt
+
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with _no_interrupt():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached_end = True  # the block runs to its end: the signal waits
+    assert reached_end

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -71,6 +72,13 @@ def int_list(text: str, flag: str, minimum: int = 1) -> tuple[int, ...]:
     if not values or min(values) < minimum:
         raise UsageError(f"{flag} {text}: expected comma-separated integers >= {minimum}, e.g. 256,512,1024")
     return values
+
+
+def check_positive(value: float | None, flag: str, unit: str) -> None:
+    """Raise UsageError, naming the flag, the value and ``unit``, unless ``value`` is None (not given) or a finite
+    number > 0: argparse's ``float`` also takes ``inf`` and ``nan``, which no rate or size can be."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag} {value}: expected a finite number > 0 ({unit})")
 
 
 def check_out_folder(out, flag: str = "--out", update: bool = False) -> None:

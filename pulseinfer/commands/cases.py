@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import check_out_folder
+from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
 EPILOG = """\
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     specs = [load_case(path) for path in select_cases(only)]
     check_out_folder(args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
+    mark_results(args.out, "cases", files=["cases.csv"])  # creates OUT, marked as pulseinfer's
     started = time.perf_counter()
     rows = []
     with Bar(len(specs), "cases", "case", hidden=args.no_progress) as bar:

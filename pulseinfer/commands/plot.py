@@ -22,18 +22,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+# --dpi bounds: 600 dots per inch is print quality for these 7-15 inch figures. At 1200 the default scenario's
+# widest figure (the four-policy timeline, 15.4 x 5.6 in) is 18,480 x 6,720 pixels, ~0.5 GB of RGBA; at 20000 a
+# 7 x 4 in figure needs ~45 GB (a MemoryError after the whole simulation, before this bound).
+DPI_RANGE = (20, 600)
+
+
 def add_format_arguments(p: argparse.ArgumentParser) -> None:
     """``--format`` and ``--dpi``, shared with ``pulseinfer simulate --plots``."""
     p.add_argument("--format", default="png", help="comma list of figure formats: png, svg, pdf")
-    p.add_argument("--dpi", type=int, default=100, help="resolution of raster formats")
+    low, high = DPI_RANGE
+    p.add_argument("--dpi", type=int, default=100, help=f"resolution of raster formats, {low} to {high}")
 
 
 def check_format_arguments(args: argparse.Namespace) -> tuple[str, ...]:
-    """The ``--format`` list, validated with ``--dpi``; UsageError with a one-line message otherwise."""
+    """The ``--format`` list, validated with ``--dpi`` (within :data:`DPI_RANGE`); UsageError with a one-line
+    message otherwise. Both commands call it before any work, so a bad value never waits for a simulation."""
     from plots.render import parse_formats
 
-    if args.dpi < 1:
-        raise UsageError(f"--dpi {args.dpi}: expected a positive integer")
+    low, high = DPI_RANGE
+    if not low <= args.dpi <= high:
+        raise UsageError(f"--dpi {args.dpi}: expected dots per inch from {low} to {high}")
     with usage_errors():  # parse_formats' message names --format
         return parse_formats(args.format)
 
@@ -47,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.results_dir.is_dir():  # before the figure folder (inside it, by default) is created
         state = "not a folder" if args.results_dir.exists() else "no such folder"
         raise NotADirectoryError(f"{args.results_dir}: {state}")
-    with results_folder(out, command="plot", marker=False) as stage:  # replaces the figure folder whole
+    with results_folder(out, command="plot") as stage:  # replaces the figures of the previous plot, keeps the rest
         written = plot_results(args.results_dir, stage, formats, dpi=args.dpi)  # OSError for a bad RESULTS_DIR
     print(f"{len(written)} figure file(s) in {out}/")
     return 0

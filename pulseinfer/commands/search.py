@@ -7,8 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+from pulseinfer.bigrun import Pace, add_yes, announce, check_size
 from pulseinfer.commands import add_overrides, check_out_folder
 from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
+from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
 # run_search argument or SearchConfig field → the flag that sets it (sim.study.search.SearchError names the field)
@@ -33,7 +35,7 @@ Resume: run the same command again; the study lives in --storage (default OUT/st
 Many machines, one study (PostgreSQL; `pip install -e '.[dev]'` brings the driver, psycopg, on each machine):
   createdb -h dbhost pulseinfer            # once
   # on every machine, same scenario, space, SLO and objective; a different --seed per machine:
-  pulseinfer search default --space pulseinfer --trials 200 --jobs 8 --seed $MACHINE_ID \\
+  pulseinfer search default --space pulseinfer --trials 200 --jobs 8 --seed $MACHINE_ID --yes \\
       --storage postgresql+psycopg://user:pw@dbhost/pulseinfer --study qwen3-h200 --out results/search
 Every worker asks the database for its next trial, so trials are never duplicated or lost; workers
 stop once the study holds --trials finished trials (trials in flight on other machines may take it a
@@ -89,6 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="results folder")
     add_overrides(p, "workload.max_requests=800")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_yes(p)
     return p
 
 
@@ -101,7 +104,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args)
         started = time.perf_counter()
         with Bar(args.trials, "trials", "trial", hidden=args.no_progress) as bar:
-            study = run_search(cfg, args.trials, args.jobs, on_progress=bar.reach)
+            pace = Pace("search", "trial", args.trials, args.jobs, args.yes)
+
+            def on_progress(n: int) -> None:
+                bar.reach(n)
+                pace.update(n)  # a search measured too long stops here without --yes (the journal keeps its trials)
+
+            study = run_search(cfg, args.trials, args.jobs, on_progress=on_progress)
     result = collect_results(study, cfg, args.out)
     _print_report(cfg, result, time.perf_counter() - started)
     if result.best is None:
@@ -128,25 +137,43 @@ def _config(args: argparse.Namespace):
         accuracy = AccuracySlo(load_accuracy_table(args.accuracy), bounds)
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
+    study_name = args.study or f"{base.name}-{space.policy}-{args.objective}"
+    big = _check_size(args, study_name)  # a big search is refused before OUT is made
     check_out_folder(args.out, update=True)  # the study journal in OUT resumes: checked for writing, kept
-    args.out.mkdir(parents=True, exist_ok=True)
+    journal = [] if args.storage else ["study.journal", "study.journal.lock"]  # .lock: while a worker writes
+    mark_results(args.out, "search", files=["trials.csv", "pareto.csv", "best.yaml", *journal])  # creates OUT
     storage = args.storage or str(args.out / "study.journal")
     try:
         open_storage(storage)
     except Exception as exc:  # noqa: BLE001 -- drivers raise many types; all mean "cannot open"
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise UsageError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
+    announce(big)  # every input checked: the size, before any trial runs
     return SearchConfig(
         scenario=str(scenario),
         space=space,
         slo=slo,
         storage=storage,
-        study_name=args.study or f"{base.name}-{space.policy}-{args.objective}",
+        study_name=study_name,
         objective=args.objective,
         overrides=tuple(args.overrides),
         seed=args.seed,
         accuracy=accuracy,
     )
+
+
+def _check_size(args: argparse.Namespace, study_name: str) -> str | None:
+    """Refuse a search above the limit without --yes; the line announcing a big one (pulseinfer.bigrun). Trials a
+    resumed study already finished do not count."""
+    from sim.study.search import trials_to_run
+
+    storage = args.storage or str(args.out / "study.journal")
+    try:
+        n = trials_to_run(storage, study_name, args.trials)
+    except Exception:  # noqa: BLE001 -- an unusable --storage gets its own error line just after
+        n = args.trials
+    size = f"{n:,} trial{'s' if n != 1 else ''} to run" + (f" (of --trials {args.trials})" if n != args.trials else "")
+    return check_size("search", size, n, args.yes)
 
 
 def _print_report(cfg, result, wall_s: float) -> None:

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     with collections_paused():
         from sim.config import load_scenario
-        from sim.metrics.report import format_summary
+        from sim.metrics import unfinished_counts
+        from sim.metrics.report import format_summary, rejection_lines
         from sim.run import simulate, with_ratios
         from traces import trace_notes
 
@@ -60,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
     with results_folder(out, command="simulate") as stage:  # checks --out before simulating; writes it whole
         with TaskBars("req", hidden=args.no_progress or not scenario.run.progress) as progress:
             result = simulate(scenario, progress=progress)
+        rejected = {
+            name: rejection_lines(r.requests, scenario.model.max_seq_len, r.kv_pool_gib)
+            for name, r in result.policies.items()
+        }
+        if all(0 < unfinished_counts(r.requests)["rejected"] == len(r.requests) for r in result.policies.values()):
+            why = "; ".join(f"{name} {', '.join(lines)}" for name, lines in rejected.items())
+            raise UsageError(f"nothing can run, every request was rejected: {why}")  # (before writing results)
         wall_s = time.perf_counter() - started
         written = result.write(stage)
         if formats:
@@ -72,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     for note in trace_notes(result.workload):
         print(f"  workload: {note}")
     print(format_summary(with_ratios(result.summary)))
+    refused = [f"{name} {line}" for name, lines in rejected.items() for line in lines]  # requests that can never run
+    if refused:
+        print("\n" + "\n".join(refused))
     print(f"\nsimulated in {wall_s:.1f} s wall; tables in {out}/ ({', '.join(written)})")
     if formats:
         print(f"{len(figures)} figure file(s) in {out / 'plots'}/")

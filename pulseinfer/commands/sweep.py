@@ -9,9 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from pulseinfer.bigrun import CONFIRM_SIMULATIONS, Pace, add_yes, announce, check_size, write
 from pulseinfer.commands import add_overrides, check_out_folder
 from pulseinfer.errors import UsageError, flag_names
-from pulseinfer.outdir import MARKER
+from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
 # SweepConfig field / run_sweep argument → flag (SweepError, ExecutorError and AccuracyError name the field)
@@ -83,27 +84,41 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="results folder (cache/, sweep.csv, compare.*)")
     add_overrides(p, "workload.synthetic.num_requests=40")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_yes(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from sim.study.executors import check_backend
-    from sim.study.sweep import compare_table, resolve_points, run_sweep
+    from sim.study.sweep import compare_table, num_points, resolve_points, run_sweep
 
     with flag_names(FLAGS):
         check_backend(args.backend, args.jobs, args.ray_address)
         cfg, compare = _config(args)
+        big = _check_size(cfg, args)  # before resolving: a big grid is refused at once
+        if big and num_points(cfg) > CONFIRM_SIMULATIONS:  # let through by --yes: say so before resolving,
+            announce(big)  # which alone takes ~16 ms a point
+            big = None
         points = resolve_points(cfg)  # every point's scenario validated before anything runs or is written
         if cfg.accuracy is not None:
             cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
         total = len(points)
         check_out_folder(args.out)
-        args.out.mkdir(parents=True, exist_ok=True)
-        # a results folder pulseinfer wrote: a re-run may use it again (its cache/ is what makes re-runs cheap)
-        (args.out / MARKER).write_text("written by pulseinfer sweep; a re-run reuses cache/ and replaces the tables\n")
+        announce(big)  # every input checked: the size, before anything runs
+        # a results folder pulseinfer writes in place: a re-run uses it again (its cache/ is what makes re-runs cheap)
+        tables = ["sweep.csv", *(["compare.csv", f"compare_{compare[2]}.png"] if compare else [])]
+        mark_results(args.out, "sweep", files=tables, trees=["cache"])
         started = time.perf_counter()
         with Bar(total, "sweep", "point", hidden=args.no_progress) as bar:
-            result = run_sweep(cfg, args.out, args.backend, args.jobs, args.ray_address, bar.reach, points)
+            pace = Pace("sweep", "point", total, args.jobs, args.yes, per_task=len(cfg.policies))
+
+            def on_point(n: int) -> None:
+                bar.reach(n)
+                pace.update(n)  # a run measured too long stops here without --yes (its points stay cached)
+
+            result = run_sweep(
+                cfg, args.out, args.backend, args.jobs, args.ray_address, on_point, points, on_invalid=_warn
+            )
         wall_s = time.perf_counter() - started
         outputs = {"sweep.csv": lambda path: result.table.to_csv(path, index=False)}
         if compare:
@@ -163,6 +178,23 @@ def _config(args: argparse.Namespace):
     if metric not in [*METRIC_COLUMNS, *OUTPUTS]:
         raise SweepError(f"{args.metric!r}: expected one of {', '.join(METRIC_ALIASES)} or a summary column", "metric")
     return cfg, (a, b, metric)
+
+
+def _warn(message: str) -> None:
+    write(f"warning: {message}")
+
+
+def _check_size(cfg, args: argparse.Namespace) -> str | None:
+    """Refuse a sweep above the limit without --yes; the line announcing a big one (pulseinfer.bigrun)."""
+    from sim.study.sweep import num_points
+
+    n = num_points(cfg)
+    grid = " × ".join(str(len(values)) for _, values in cfg.grids)
+    size = (
+        f"{n:,} points ({grid} grid values × {len(cfg.policies)} "
+        f"polic{'ies' if len(cfg.policies) > 1 else 'y'} × {cfg.num_seeds} seed{'s' if cfg.num_seeds > 1 else ''})"
+    )
+    return check_size("sweep", size, n, args.yes)
 
 
 def _heatmap(cells, keys: list[str], a: str, b: str, metric: str, path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from sim.config.base import DTYPE_BYTES, GIB, PositiveFloat, PositiveInt, Spec
+from sim.config.files import short_repr
 
 
 class ModelSpec(Spec):
@@ -173,7 +174,9 @@ class HardwareSpec(Spec):
         if table is not None:
             sizes = [size for size, _ in table]
             if len(table) < 2 or sizes != sorted(set(sizes)):
-                raise ValueError(f"h2d_size_table needs >= 2 points with rising size_bytes, got sizes {sizes}")
+                raise ValueError(
+                    f"h2d_size_table needs >= 2 points with rising size_bytes, got sizes {short_repr(sizes)}"
+                )
         return self
 
     @property

@@ -15,7 +15,17 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
+from sim.config.files import (
+    SHOWN_CHARS,
+    ScenarioError,
+    UniqueKeyLoader,
+    YamlLimitError,
+    cut,
+    format_validation_error,
+    read_yaml,
+    scenarios_dir,
+    short_repr,
+)
 from sim.config.profiles import apply_profile
 from sim.config.scenario import Scenario
 
@@ -38,8 +48,8 @@ def load_card(kind: str, name: str) -> dict[str, Any]:
         ScenarioError: if no card of that kind has that name (the message lists the shipped ones).
     """
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
-    if not path.is_file():
-        raise ScenarioError(f"{kind}: unknown card {name!r} (shipped: {', '.join(card_names(kind))})")
+    if not _is_file(path):
+        raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(card_names(kind))})")
     return read_yaml(path)
 
 
@@ -109,14 +119,15 @@ def resolve_policies(raw: dict[str, Any]) -> dict[str, Any]:
         entry = dict(entry)
         preset = entry.pop("preset", name)
         path = scenarios_dir() / POLICY_DIR / f"{preset}.yaml"
-        if not path.is_file() and "kind" in entry and "preset" not in (given.get(name) or {}):
+        if not _is_file(path) and "kind" in entry and "preset" not in (given.get(name) or {}):
             resolved[name] = entry  # a complete, already resolved entry (e.g. a written scenario.yaml)
             continue
-        if not path.is_file():
-            where = f"policy.{name}.preset" if preset != name else "policies"
+        if not _is_file(path):
+            shown = cut(name, SHOWN_CHARS)
+            where = f"policy.{shown}.preset" if preset != name else "policies"
             raise ScenarioError(
-                f"{where}: unknown policy {preset!r} (presets: {', '.join(policy_presets())}; "
-                f"or define policy.{name}.preset)"
+                f"{where}: unknown policy {short_repr(preset)} (presets: {', '.join(policy_presets())}; "
+                f"or define policy.{shown}.preset)"
             )
         resolved[name] = {**read_yaml(path), **entry}
     return resolved
@@ -148,15 +159,30 @@ def _check_policy_overrides(keys: list[str], names: Any) -> None:
             )
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False also for a path the system refuses to look up (a name too long, a NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ScenarioError(f"--set {item!r}: expected key=value, e.g. workload.time_scale=0.5")
+    return key.strip(), _yaml_value(text, key.strip()) if text.strip() else None
+
+
+def _yaml_value(text: str, key: str) -> Any:
+    """A ``--set`` value parsed as YAML by the bounded loader (an alias bomb is refused naming ``key``); text that
+    is not YAML, or names a value Python cannot build (``2020-13-45``), stays a string."""
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except YamlLimitError as exc:
+        raise ScenarioError(f"--set {key}: {exc}") from None
     except yaml.YAMLError:
-        value = text
-    return key.strip(), value
+        return text
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -173,5 +199,5 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
         node = child
     leaf = parts[-1]
     if isinstance(value, str) and (isinstance(node.get(leaf), list) or key in LIST_KEYS):
-        value = [yaml.safe_load(v.strip()) for v in value.split(",") if v.strip()]
+        value = [_yaml_value(v.strip(), key) for v in value.split(",") if v.strip()]
     node[leaf] = value

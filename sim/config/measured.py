@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from sim.config.base import NonNeg, PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
+from sim.config.files import short_repr
 
 
 class RecallStatsSpec(Spec):
@@ -75,7 +76,7 @@ class RecallStatsSpec(Spec):
     def _check_knots(self) -> RecallStatsSpec:
         depths = [d for d, _ in self.change_mean_by_depth]
         if depths != sorted(depths) or depths[0] < 0 or depths[-1] > 1:
-            raise ValueError(f"change_mean_by_depth depths must rise within [0, 1], got {depths}")
+            raise ValueError(f"change_mean_by_depth depths must rise within [0, 1], got {short_repr(depths)}")
         for _, mean in self.change_mean_by_depth:
             if not 0 < mean < 1:
                 raise ValueError(f"change_mean_by_depth means must be in (0, 1), got {mean}")
@@ -157,7 +158,8 @@ class Profile(Spec):
     def _check_model(self) -> Profile:
         if self.compute is not None and self.model is not None and self.compute.model != self.model.name:
             raise ValueError(
-                f"compute.model {self.compute.model!r} differs from model.name {self.model.name!r}: the compute "
+                f"compute.model {short_repr(self.compute.model)} differs from model.name "
+                f"{short_repr(self.model.name)}: the compute "
                 "section must describe the profile's own model"
             )
         return self

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
+from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir, short_repr
 from sim.config.measured import Profile
 
 PROFILE_DIR = "profiles"
@@ -78,7 +78,7 @@ def resolve_profile_path(profile: str | Path, base_dir: Path | None = None) -> P
     if shipped.is_file():
         return shipped
     raise ProfileError(
-        f"profile: no such file, calibration folder or shipped profile {str(profile)!r} "
+        f"profile: no such file, calibration folder or shipped profile {short_repr(str(profile))} "
         f"(shipped: {', '.join(profile_names()) or 'none'})"
     )
 
@@ -90,7 +90,10 @@ def read_profile(profile: str | Path, base_dir: Path | None = None) -> dict[str,
         ProfileError: missing file, unreadable YAML (with its line and column), or a top level that is not a
             mapping.
     """
-    path = resolve_profile_path(profile, base_dir)
+    try:
+        path = resolve_profile_path(profile, base_dir)
+    except OSError as exc:  # a name the system will not look up (too long)
+        raise ProfileError(f"profile: cannot look up {short_repr(str(profile))} ({exc.strerror})") from None
     try:
         return read_yaml(path, what="profile: ")  # the shared reader: unique keys, line and column
     except ScenarioError as exc:
@@ -146,8 +149,8 @@ def apply_profile(raw: dict[str, Any], base_dir: Path | None = None) -> dict[str
         elif section == "hardware" and raw[section] != value:
             given = raw[section] if isinstance(raw[section], str) else "an inline card"
             raise ProfileError(
-                f"hardware: the scenario names {given!r} and its profile carries measured hardware "
-                f"{value.get('name', '?')!r}; give one of the two (drop `hardware`, or --set hardware=null, "
+                f"hardware: the scenario names {short_repr(given)} and its profile carries measured hardware "
+                f"{short_repr(value.get('name', '?'))}; give one of the two (drop `hardware`, or --set hardware=null, "
                 "to use the profile's)"
             )
     return raw

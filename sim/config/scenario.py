@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -10,11 +11,15 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
-from sim.config.files import table_format_problem
+from sim.config.files import short_repr, table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.parallel import shard_error
 from sim.config.policy import PolicySpec
 from sim.config.workload import WorkloadSpec
+
+# A scenario's name is the folder results/<name> (pulseinfer simulate without --out): a name, never a path.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+NAME_RULE = "must be 1 to 100 ASCII letters, digits, '.', '_' or '-', not starting with '.' (it names results/<name>)"
 
 
 class SloSpec(Spec):
@@ -93,7 +98,7 @@ class RunSpec(Spec):
 class Scenario(Spec):
     """A whole experiment: hardware × model × workload × policies, plus SLO and run options."""
 
-    name: str = "scenario"
+    name: str = "scenario"  # NAME_PATTERN
     seed: Annotated[int, Field(ge=0)] = 0
     model: ModelSpec
     hardware: HardwareSpec
@@ -106,15 +111,23 @@ class Scenario(Spec):
     profile: Profile | None = None  # calibrated measurements; the loader fills hardware/model/recall_stats from it
     run: RunSpec = RunSpec()
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(NAME_RULE)
+        return name
+
     @model_validator(mode="after")
     def _check_policies(self) -> Scenario:
         if len(set(self.policies)) != len(self.policies):
-            raise ValueError(f"policies: must not repeat a name, got {self.policies}")
+            raise ValueError(f"policies: must not repeat a name, got {short_repr(self.policies)}")
         missing = [p for p in self.policies if p not in self.policy]
         if missing:
-            raise ValueError(f"policies: {missing} have no entry under policy")
+            raise ValueError(f"policies: {short_repr(missing)} have no entry under policy")
         self._check_tp()
-        problems = geometry_problems(self.model, self.hardware, {p: self.policy[p] for p in self.policies})
+        policies = {p: self.policy[p] for p in self.policies}
+        problems = geometry_problems(self.model, self.hardware, policies, self.serving.tp_size)
         if problems:
             raise ValueError(problems[0])
         compute = self.profile.compute if self.profile else None
@@ -132,9 +145,9 @@ class Scenario(Spec):
         )  # per-layer compute of a few layers of this very model (a GPU calibration runs 4)
         if compute is not None and compute.model != self.model.name and not same_layers:
             raise ValueError(
-                f"profile.compute was measured on model {compute.model!r} but the scenario's model is "
-                f"{self.model.name!r}; use that model (leave `model` out, or --set model=null, to take the "
-                f"profile's) or a profile calibrated with --model {self.model.name}"
+                f"profile.compute was measured on model {short_repr(compute.model)} but the scenario's model is "
+                f"{short_repr(self.model.name)}; use that model (leave `model` out, or --set model=null, to take "
+                f"the profile's) or a profile calibrated with --model {self.model.name}"
             )
         return self
 

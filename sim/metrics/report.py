@@ -1,9 +1,17 @@
 """Human-readable rendering of the summary: two narrow tables (service, then memory and I/O) in display
-units. The CSV keeps every column at full precision in SI units."""
+units, and one line per reason requests were rejected. The CSV keeps every column at full precision in SI units."""
 
 from __future__ import annotations
 
 import pandas as pd
+
+from sim.serving.request import INCOMPLETE_REASONS
+
+# unfinished_reason of a request that can never run (sim/serving/admission.py ``never_fits``) → why, in words
+REJECTION_REASONS = {
+    "exceeds_max_seq_len": "prompt + output longer than max_seq_len {max_seq_len}",
+    "exceeds_kv_pool": "KV of prompt + output larger than the GPU's KV pool of {kv_pool_gib:.2f} GiB",
+}
 
 # (column, header, scale, format)
 SERVICE = [
@@ -46,3 +54,20 @@ def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
 def format_summary(summary: pd.DataFrame) -> str:
     """The summary as two aligned text tables with units in the headers (ms for TPOT, % for fractions)."""
     return _table(summary, SERVICE) + "\n\n" + _table(summary, MEMORY_IO)
+
+
+def rejection_lines(requests: pd.DataFrame, max_seq_len: int, kv_pool_gib: float) -> list[str]:
+    """``rejected: N — why`` for each reason requests of one policy's table were rejected (they can never run
+    here), most frequent first; empty when none was. Requests cut by the horizon or left stuck are not rejected.
+
+    Args:
+        requests: the policy's requests table (``unfinished_reason`` column).
+        max_seq_len: the model's context (tokens); kv_pool_gib: one GPU's device KV pool (2**30 bytes).
+    """
+    reasons = requests["unfinished_reason"]
+    rejected = reasons[(reasons != "") & reasons.notna() & ~reasons.isin(INCOMPLETE_REASONS)]
+    lines = []
+    for reason, count in rejected.value_counts().items():
+        why = REJECTION_REASONS.get(reason, reason).format(max_seq_len=max_seq_len, kv_pool_gib=kv_pool_gib)
+        lines.append(f"rejected: {count} — {why}")
+    return lines

@@ -30,6 +30,7 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics import Recorder, StepTotals, requests_table, summarize, unfinished_counts
+from sim.metrics.physics import bounds_of, check_clock, check_physics
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
@@ -108,15 +109,18 @@ def simulate_cluster(
 
     Summary over the cluster: latency percentiles and goodput over all requests; ``decode_tokens_per_s``
     is the cluster's total; ``link_busy_frac``, ``gather_busy_frac``, ``d2h_busy_frac`` and
-    ``prefill_busy_frac`` are per-replica means;
-    ``peak_hbm_gib`` is the largest replica's peak.
+    ``prefill_busy_frac`` are per-replica means; ``link_gbps_achieved`` is every replica's recall bytes over every
+    replica's link time (what one link delivered while busy); ``peak_hbm_gib`` is the largest replica's peak.
 
     Raises:
         ValueError: unknown router or ``num_replicas`` < 1.
         CapacityError: if the model does not fit in HBM.
+        ScenarioError: the workload's clock would outrun float64 (sim/metrics/physics.py ``check_clock``).
+        PhysicsError: the run broke a physical bound (a simulator bug, sim/metrics/physics.py).
     """
     picker = make_router(router, num_replicas)
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
+    check_clock(scenario, workload, fleet.replicas[0].policy.compute)
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     routed = [0] * num_replicas
     reqs = request_objects(workload)
@@ -183,5 +187,8 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
         fleet.end_s(requests), max(r.kv.device.peak for r in replicas),
     )  # fmt: skip
     summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
+    link_busy_s = sum(rec.link_busy_s for rec in recs)  # the bytes are every replica's: so is the busy time
+    summary["link_gbps_achieved"] = merged.totals.decode_recall_bytes / link_busy_s / 1e9 if link_busy_s else 0.0
+    check_physics(summary, bounds_of(replicas[0].policy), scenario)
     summary.update(num_replicas=len(replicas), router=router, **unfinished_counts(requests))
     return ClusterResult(requests, summary, routed)

@@ -7,7 +7,7 @@ For an offloaded request r with ``ctx`` KV tokens, at layer l and step t (docs/d
     change c[r,l,t]     ~ Kumaraswamy(a, b_l), mean m_l from recall_stats.change_mean_by_depth
     miss fraction q     = c · (1 − ρ · h)        ρ = returning_frac
     buffer hit h        = clip((B − k) / (W − k), 0, 1),  W = k · (1 + w · m_l)
-    missing             = ⌊k · q + U⌋, U ~ Uniform(0, 1)   (unbiased stochastic rounding)
+    missing             = min(⌊k · q + U⌋ + fresh, k), U ~ Uniform(0, 1)   (unbiased stochastic rounding)
 
 W is what an LRU buffer must hold to keep the last w = ``working_set_steps`` steps: the current k plus
 the m_l·k blocks each step drops from the selection (they stay in LRU order behind the selected ones), or
@@ -16,8 +16,9 @@ among few blocks, so W is far smaller than the bound). A
 returning block left the selection j steps ago (j uniform in 1..w); it is still buffered when
 k + j·m_l·k ≤ B, hence h. A recall buffer of B = ``recall_buffer_blocks`` ≥ W serves every returning block
 from HBM. ``tests/sim/test_recall_reference.py`` checks h against an explicit LRU buffer that tracks
-block ids. The first step after (re)admission is cold: q = 1. A fixed ``miss_frac`` in the policy
-replaces c · (1 − ρ h) (for tests and what-ifs).
+block ids. ``fresh`` is the block that just left the recent window when a layer selects it (:meth:`fresh_misses`);
+it is one of the k selected, so a cell never recalls more than k. The first step after (re)admission is cold:
+q = 1. A fixed ``miss_frac`` in the policy replaces c · (1 − ρ h) (for tests and what-ifs).
 
 Selection modes:
 
@@ -284,8 +285,12 @@ class RecallModel:
         draws = as_draws(rng)
         q = self.miss_frac(selected, cold, draws, state, cache_fragments)
         rounding = draws.rounding.take(q.size).reshape(q.shape)
-        missing = np.floor((selected * self.heads)[:, None] * q + rounding).astype(np.int64)
-        missing += self.fresh_misses(ctx, cold, draws)
+        cell = (selected * self.heads)[:, None]  # fragments each (request, layer) selects
+        missing = np.floor(cell * q + rounding).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
+        # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
+        # a thrashing shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls more
+        # than it selects (a fresh block on top of a whole selection gave miss fractions above 1).
+        missing = np.minimum(missing + self.fresh_misses(ctx, cold, draws), cell)
         if G == 1:
             frags = missing.sum(axis=0)[None, :]
         else:

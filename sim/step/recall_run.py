@@ -101,7 +101,8 @@ def recall_run(
             q[thrashing] = 1.0
     rounding = draws.rounding.peek(k * n * L).reshape(k, n, L)
     used.append((draws.rounding, steps * (n * L)))
-    missing = np.floor((selected * model.heads)[:, :, None] * q + rounding).astype(np.int64)
+    cell = (selected * model.heads)[:, :, None]  # fragments each (step, request, layer) selects
+    missing = np.floor(cell * q + rounding).astype(np.int64)
     frac = st.fresh_block_frac
     if frac > 0 and model.fixed_miss_frac is None:
         w, bs = model.window_tokens, model.block_size
@@ -113,6 +114,7 @@ def recall_run(
             total = int(per_step.sum())
             missing[fresh] += stream.peek(total * L).reshape(total, L)
             used.append((stream, np.cumsum(per_step) * L))
+            np.minimum(missing, cell, out=missing)  # the fresh block is one of the selected (RecallModel.step)
     out.fragments = missing.sum(axis=1)
     out.selected_fragments = (selected * model.heads).sum(axis=1) * L
     return out

@@ -1,4 +1,5 @@
-"""Where a study's simulations run: local worker processes or a Ray cluster, behind one function.
+"""Where a study's simulations run: local worker processes or a Ray cluster, behind one function, and the one
+way every pool stops.
 
 ``run_tasks(fn, tasks, backend, jobs, ray_address, on_done) -> list`` calls ``fn(*task)`` for every task and
 returns the results in task order, whatever order they finish in, so a table built from them does not depend
@@ -6,26 +7,51 @@ on the backend or on scheduling. ``fn`` must be a module-level function and task
 
 Backends:
 
-- ``local``: ``jobs == 1`` (or a single task) runs in this process; otherwise a ``ProcessPoolExecutor`` of
-  ``jobs`` spawned processes (no fork: workers start clean, as on another machine).
+- ``local``: ``jobs == 1`` (or a single task) runs in this process; otherwise a :class:`WorkerPool` of ``jobs``
+  spawned processes (no fork: workers start clean, as on another machine).
 - ``ray``: each task is one Ray remote call. With no ``ray_address`` and no Ray already initialised in this
   process, ``ray.init()`` starts a local instance with ``jobs`` CPUs (and shuts it down afterwards); with
-  ``ray_address`` (``auto``, or ``ray://host:10001``) it joins that cluster, whose nodes must have this package
-  installed (``pip install -e '.[ray]'``). A Ray already initialised by the caller (a test fixture, a notebook)
-  is used as is and left running. Ray is an optional extra, imported only here and only for this backend.
+  ``ray_address`` (``auto``, ``host:6379`` or ``ray://host:10001``) it joins that cluster, whose nodes must have
+  this package installed (``pip install -e '.[ray]'``). An explicit address is probed first (a TCP connection,
+  :data:`RAY_CONNECT_TIMEOUT_S`), so a wrong one fails in seconds, not after Ray's minutes of retries. A Ray
+  already initialised by the caller (a test fixture, a notebook) is used as is and left running. Ray is an
+  optional extra, imported only here and only for this backend.
 
 A task that raises re-raises its exception here (the first failure to come back).
+
+Stopping. Whatever leaves a pool early (a task's exception, Ctrl-C's ``KeyboardInterrupt``, or the CLI's SIGTERM
+exception, a ``KeyboardInterrupt`` subclass) stops its workers at once instead of waiting for their tasks:
+
+1. each worker gets SIGTERM; in a task it raises ``KeyboardInterrupt`` there, so the task's ``finally`` and
+   ``with`` blocks run (an Optuna trial is marked failed, a journal lock released), then the worker exits;
+   an idle worker exits at once;
+2. a worker still alive after :data:`STOP_GRACE_S` is killed; then the pool is shut down, and with no worker
+   left, multiprocessing's resource tracker exits too;
+3. Ray: every pending task is cancelled, and a Ray this process started is shut down.
+
+SIGINT and SIGTERM that arrive while the workers stop are delivered once they have stopped (a second Ctrl-C
+cannot cut the stop short). Workers ignore SIGINT: the terminal's Ctrl-C reaches the whole process group, and the
+parent alone decides what stops. Results that came back before the stop were already handed to ``on_done``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from multiprocessing import get_context
 from typing import Any
 
 BACKENDS = ("local", "ray")
 RAY_EXTRA = "pip install -e '.[ray]'"
+STOP_GRACE_S = 10.0  # a stopped worker's time to unwind its task before it is killed
+RAY_CONNECT_TIMEOUT_S = 5.0  # the probe of an explicit --ray-address
+POLL_S = 0.5  # how often a waiting pool calls its ``on_wait``
 
 
 class ExecutorError(ValueError):
@@ -41,10 +67,11 @@ class ExecutorError(ValueError):
 
 
 def check_backend(backend: str, jobs: int, ray_address: str | None = None) -> None:
-    """Fail fast on a bad backend, job count or a missing Ray install.
+    """Fail fast on a bad backend, job count, a missing Ray install or a Ray address nothing answers at.
 
     Raises:
-        ExecutorError: unknown ``backend``, ``jobs`` < 1, ``ray_address`` without the ray backend, or Ray absent.
+        ExecutorError: unknown ``backend``, ``jobs`` < 1, ``ray_address`` without the ray backend, Ray absent,
+            or ``ray_address`` malformed or refusing connections (see :func:`probe_ray_address`).
     """
     if backend not in BACKENDS:
         raise ExecutorError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
@@ -54,6 +81,35 @@ def check_backend(backend: str, jobs: int, ray_address: str | None = None) -> No
         raise ExecutorError(f"ray_address {ray_address!r} needs backend 'ray'", "ray_address")
     if backend == "ray":
         _import_ray()
+        if ray_address:
+            probe_ray_address(ray_address)
+
+
+def probe_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Open (and close) a TCP connection to a Ray address, so a wrong one fails in seconds.
+
+    ``auto`` is probed only when the ``RAY_ADDRESS`` environment variable names the cluster (otherwise Ray
+    finds a local one itself, or says there is none); ``local`` is not probed.
+
+    Raises:
+        ExecutorError: (field ``ray_address``) the address is not ``HOST:PORT`` or ``ray://HOST:PORT``, or no
+            connection opens within ``timeout_s``.
+    """
+    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+    if target in ("auto", "local"):
+        return
+    expected = "expected auto, HOST:PORT of a running Ray head (e.g. 10.0.0.5:6379) or ray://HOST:10001"
+    host, sep, port = target.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ExecutorError(f"{address!r}: not a Ray address; {expected}", "ray_address")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__  # e.g. "Connection refused"; a timeout has no strerror
+        raise ExecutorError(
+            f"{address}: nothing accepts connections at {host}:{port} ({reason}, {timeout_s:g} s timeout); {expected}",
+            "ray_address",
+        ) from None
 
 
 def run_tasks(
@@ -70,7 +126,8 @@ def run_tasks(
         on_done: called in this process with (task index, result) as each task finishes (any order).
 
     Raises:
-        ExecutorError: see :func:`check_backend`; whatever a task raised.
+        ExecutorError: see :func:`check_backend`; whatever a task raised. KeyboardInterrupt (or a subclass)
+            after the workers stopped (see the module docstring).
     """
     check_backend(backend, jobs, ray_address)
     if not tasks:
@@ -83,15 +140,123 @@ def run_tasks(
             results[i] = fn(*task)
             if on_done:
                 on_done(i, results[i])
-    else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(fn, *task): i for i, task in enumerate(tasks)}
-            for future in as_completed(futures):
-                i = futures[future]
-                results[i] = future.result()
-                if on_done:
-                    on_done(i, results[i])
+        return [results[i] for i in range(len(tasks))]
+    with WorkerPool(min(jobs, len(tasks))) as pool:
+        futures = {pool.submit(fn, *task): i for i, task in enumerate(tasks)}
+
+        def collect(future: Future) -> None:
+            results[futures[future]] = future.result()  # a task's exception leaves the pool: the others stop
+            if on_done:
+                on_done(futures[future], results[futures[future]])
+
+        pool.wait(list(futures), on_done=collect)
     return [results[i] for i in range(len(tasks))]
+
+
+class WorkerPool:
+    """``jobs`` spawned worker processes that stop together (the module docstring's "Stopping").
+
+    Use as a context manager: leaving the block normally waits for every task; leaving it by an exception
+    (Ctrl-C and SIGTERM included) stops the workers first (:meth:`stop`), then re-raises.
+    """
+
+    def __init__(self, jobs: int) -> None:
+        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self._pool.shutdown(wait=True)
+        else:
+            self.stop()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """``fn(*args)`` in a worker (module-level ``fn``, picklable arguments)."""
+        return self._pool.submit(_run_in_worker, fn, args)
+
+    def wait(
+        self,
+        futures: list[Future],
+        on_done: Callable[[Future], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """Until every future is done: ``on_done(future)`` as each finishes (a failed future raises there when
+        ``on_done`` reads its result), ``on_wait()`` every :data:`POLL_S` seconds. Waiting in short slices keeps
+        this process responsive to signals."""
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if on_done:
+                    on_done(future)
+                elif future.exception() is not None:
+                    raise future.exception()
+            if on_wait:
+                on_wait()
+
+    def stop(self) -> None:
+        """Stop every worker now: SIGTERM, :data:`STOP_GRACE_S` to unwind, then SIGKILL; then shut the pool down."""
+        with _signals_held():
+            # ProcessPoolExecutor has no public handle on its processes before Python 3.14 (terminate_workers)
+            processes = list((getattr(self._pool, "_processes", None) or {}).values())
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for process in processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are delivered when it ends (so a second Ctrl-C cannot cut
+    a stop short and leave workers behind); only in the main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    if caught:
+        signal.raise_signal(caught[0])  # the handler restored above acts on it (KeyboardInterrupt, the CLI's SIGTERM)
+
+
+_in_task = False  # worker processes: whether a task is running (SIGTERM then unwinds it before exiting)
+
+
+def _init_worker() -> None:
+    """Worker initializer: ignore SIGINT (the parent decides), turn SIGTERM into a stop (:func:`_on_stop`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_stop)
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    if _in_task:
+        raise KeyboardInterrupt  # unwinds the task (its finally/with blocks run); _run_in_worker then exits
+    os._exit(128 + signum)
+
+
+def _run_in_worker(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` in a worker; a stop (SIGTERM) during it ends the process once the task has unwound."""
+    global _in_task
+    _in_task = True
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        os._exit(128 + signal.SIGTERM)
+    finally:
+        _in_task = False
 
 
 def _import_ray():
@@ -107,14 +272,9 @@ def _run_ray(fn, tasks, jobs: int, ray_address: str | None, on_done) -> list[Any
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
-        try:
-            if ray_address:
-                ray.init(address=ray_address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ExecutorError(f"cannot start or join Ray ({ray_address or 'local'}): {exc}", "ray_address") from None
+        _init_ray(ray, jobs, ray_address)
         started = True
+    pending: list = []
     try:
         remote = ray.remote(num_cpus=1)(fn)
         refs = [remote.remote(*task) for task in tasks]
@@ -122,15 +282,41 @@ def _run_ray(fn, tasks, jobs: int, ray_address: str | None, on_done) -> list[Any
         results: dict[int, Any] = {}
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             for ref in done:
                 results[index[ref]] = _ray_get(ray, ref)
                 if on_done:
                     on_done(index[ref], results[index[ref]])
         return [results[i] for i in range(len(tasks))]
+    except BaseException:
+        with _signals_held():
+            for ref in pending:  # a joined cluster keeps running what is not cancelled
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 -- best effort: a finished or lost task cannot be cancelled
+                    pass
+        raise
     finally:
         if started:
-            ray.shutdown()
+            with _signals_held():
+                ray.shutdown()
+
+
+def _init_ray(ray, jobs: int, ray_address: str | None) -> None:
+    """``ray.init`` (join ``ray_address`` or start a local Ray), keeping this process's SIGTERM handler: Ray
+    installs its own (``sys.exit(15)``), which would skip the CLI's status 143 and its cleanup."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        if ray_address:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ExecutorError(f"cannot start or join Ray ({ray_address or 'local'}): {exc}", "ray_address") from None
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def _ray_get(ray, ref) -> Any:

@@ -33,11 +33,8 @@ Every simulation uses the scenario's seed, so a plan is deterministic. In → ou
 from __future__ import annotations
 
 import math
-import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 import pandas as pd
 
@@ -265,14 +262,19 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
     if not cfg.routers or any(r not in ROUTERS for r in cfg.routers):
         raise PlanError(f"routers must be names from {', '.join(ROUTERS)}, got {list(cfg.routers)!r}", "routers")
     bounds = [
-        ("target_rate_per_s", cfg.target_rate_per_s, "> 0", cfg.target_rate_per_s is None or cfg.target_rate_per_s > 0),
+        (
+            "target_rate_per_s",
+            cfg.target_rate_per_s,
+            "a finite number > 0",
+            cfg.target_rate_per_s is None or (math.isfinite(cfg.target_rate_per_s) and cfg.target_rate_per_s > 0),
+        ),
         (
             "max_requests",
             cfg.max_requests,
             f">= {MIN_SAMPLE_REQUESTS}",
             cfg.max_requests is None or cfg.max_requests >= MIN_SAMPLE_REQUESTS,
         ),
-        ("rel_tol", cfg.rel_tol, "> 0", cfg.rel_tol > 0),
+        ("rel_tol", cfg.rel_tol, "in (0, 1]", 0 < cfg.rel_tol <= 1),
         ("max_replicas", cfg.max_replicas, ">= 1", cfg.max_replicas >= 1),
         ("jobs", jobs, ">= 1", jobs >= 1),
     ]
@@ -362,7 +364,7 @@ def run_plan(
     ray_address: str | None = None,
 ) -> pd.DataFrame:
     """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes, ``backend="ray"``
-    as Ray tasks (:func:`sim.study.executors.run_tasks`).
+    as Ray tasks (:func:`sim.study.executors.run_tasks`, which stops them on Ctrl-C, SIGTERM or a failed cell).
 
     Args:
         on_sim: called after each simulation (serial runs only).
@@ -378,39 +380,10 @@ def run_plan(
             results.append(plan_cell(cfg, h, p, on_sim))
             if on_cell:
                 on_cell(h, p)
-    elif backend == "local":
-        by_cell = _run_cells_in_processes(cfg, cells, jobs, on_cell)  # workers stop cleanly on Ctrl-C
-        results = [by_cell[cell] for cell in cells]
-    else:
+    else:  # worker processes or Ray; both stop their workers on Ctrl-C, SIGTERM or a failed cell
         done = (lambda i, _rows: on_cell(*cells[i])) if on_cell else None
         results = run_tasks(
             plan_cell, [(cfg, h, p) for h, p in cells], backend, min(jobs, len(cells)), ray_address, done
         )
     rows = [row for cell_rows in results for row in cell_rows]
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
-
-
-def _run_cells_in_processes(
-    cfg: PlanConfig, cells: list[tuple[str, str]], jobs: int, on_cell: Callable[[str, str], None] | None
-) -> dict[tuple[str, str], list[dict]]:
-    """:func:`plan_cell` of every cell in ``jobs`` spawned worker processes (the one place that picks the executor)."""
-    results: dict[tuple[str, str], list[dict]] = {}
-    pool = ProcessPoolExecutor(min(jobs, len(cells)), get_context("spawn"), initializer=_ignore_interrupt)
-    try:
-        futures = {pool.submit(plan_cell, cfg, h, p): (h, p) for h, p in cells}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            if on_cell:
-                on_cell(*futures[future])
-    except BaseException:  # Ctrl-C or a failed cell: stop the workers now instead of finishing their cells
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return results
-
-
-def _ignore_interrupt() -> None:
-    """Worker initializer: Ctrl-C reaches the parent only, which stops the workers (no traceback per worker)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)

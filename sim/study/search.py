@@ -8,6 +8,9 @@ Lifecycle of ``run_search(cfg, total_trials, jobs)``:
 2. The trials still missing (``total_trials`` minus the study's finished ones) are split over ``jobs``
    worker processes. Each worker loads the same study with its own seeded TPE sampler and runs its share,
    stopping early once the study holds ``total_trials`` finished trials (other machines may be adding).
+   Ctrl-C or SIGTERM stops the workers at once (:class:`sim.study.executors.WorkerPool`): finished trials stay
+   in the storage, a trial cut short is marked failed and ``interrupted`` and is not counted, so rerunning the
+   same search resumes it.
 3. A trial draws the space's parameters, applies them as ``--set`` items, simulates the searched policy
    once with the scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric
    as a user attribute. Objective: ``goodput`` (requests/s meeting the per-request SLO), ``throughput``
@@ -28,12 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
+import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
 from sim.study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
+from sim.study.executors import WorkerPool
 from sim.study.slo import TailSlo
 from sim.study.space import SearchSpace, override
 from sim.workload import load_workload
@@ -62,6 +64,7 @@ FINISHED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAI
 # Optuna >= 5 records constraints per trial (Trial.set_constraint); older versions need constraints_func.
 HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 STUDY_ATTR = "pulseinfer"  # study user attribute holding the settings a resume must match
+INTERRUPTED_ATTR = "interrupted"  # trial user attribute: stopped by Ctrl-C or SIGTERM (FAIL, not counted as finished)
 Evaluate = Callable[[dict[str, Any]], dict[str, float]]
 
 
@@ -211,8 +214,10 @@ def prepare_study(cfg: SearchConfig) -> optuna.Study:
 
 
 def num_finished(study: optuna.Study) -> int:
-    """Trials that ran to an end (complete, failed or pruned)."""
-    return len(study.get_trials(deepcopy=False, states=FINISHED_STATES))
+    """Trials that ran to an end (complete, failed or pruned); a trial cut short by Ctrl-C or SIGTERM (failed,
+    :data:`INTERRUPTED_ATTR`) does not count, so a resumed search runs it again."""
+    trials = study.get_trials(deepcopy=False, states=FINISHED_STATES)
+    return sum(1 for t in trials if not t.user_attrs.get(INTERRUPTED_ATTR))
 
 
 def make_sampler(cfg: SearchConfig, num_existing: int, worker_index: int) -> optuna.samplers.TPESampler:
@@ -239,6 +244,10 @@ def objective(trial: optuna.Trial, cfg: SearchConfig, evaluate: Evaluate) -> flo
         metrics = evaluate(params)
     except InvalidTrial as exc:
         trial.set_user_attr("error", str(exc))
+        raise
+    except KeyboardInterrupt:  # Optuna marks the trial failed; this mark keeps it out of the finished count
+        trial.set_user_attr(INTERRUPTED_ATTR, True)
+        trial.set_user_attr("error", "interrupted (Ctrl-C or SIGTERM); not counted, a resumed search runs another")
         raise
     metrics = {k: _plain(metrics.get(k)) for k in cfg.metric_columns}
     trial.set_user_attr("metrics", metrics)
@@ -284,6 +293,20 @@ def run_worker(
             on_trial(num_finished(study))
 
 
+def trials_to_run(storage: str, study_name: str, total_trials: int) -> int:
+    """How many trials :func:`run_search` would run: ``total_trials`` minus the finished trials of ``study_name``
+    in ``storage`` (all of them when there is no such study; a journal file that does not exist is not created).
+    The study's settings are not checked here (the search does that)."""
+    if "://" not in storage and not os.path.exists(storage):
+        return total_trials
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
+    except KeyError:  # no study of that name yet
+        return total_trials
+    return max(0, total_trials - num_finished(study))
+
+
 def check_run_args(total_trials: int, jobs: int) -> None:
     """Raise SearchError (``field`` = the argument's name) unless ``total_trials`` and ``jobs`` are >= 1."""
     for name, value in (("total_trials", total_trials), ("jobs", jobs)):
@@ -321,19 +344,15 @@ def run_search(
     if jobs == 1 or missing <= 1:
         run_worker(cfg, missing, total_trials, existing, 0, evaluate, on_progress)
         return study
-    ctx = get_context("spawn")  # no fork: workers start clean, as they would on another machine
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    poll = (lambda: on_progress(num_finished(study))) if on_progress else None
+    # the pool stops its workers on Ctrl-C, SIGTERM or a failed worker (sim/study/executors.py)
+    with WorkerPool(min(jobs, missing)) as pool:
         futures = [
             pool.submit(run_worker, cfg, share, total_trials, existing, i, evaluate)
             for i, share in enumerate(shares)
             if share
         ]
-        while not all(f.done() for f in futures):
-            time.sleep(0.5)
-            if on_progress:
-                on_progress(num_finished(study))
-        for f in futures:
-            f.result()  # re-raise a worker's exception
+        pool.wait(futures, on_wait=poll)
     if on_progress:
         on_progress(num_finished(study))
     return study

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sim.config import ScenarioError, load_scenario, scenarios_dir
+from sim.config import ScenarioError, load_scenario, read_yaml, scenarios_dir
+from sim.config.files import short_repr
 
 SPACES_DIR = "spaces"
 RANGE_FIELDS = {"low", "high", "log", "step"}
@@ -105,14 +104,14 @@ def load_space(space: str | Path) -> SearchSpace:
     """Read and parse a space file (structure only; see :func:`check_space` for the scenario check).
 
     Raises:
-        SpaceError: unreadable file, bad YAML or a bad entry (the message names the key).
+        SpaceError: unreadable or over-large file, bad YAML (``sim.config.files.read_yaml``) or a bad entry (the
+            message names the key).
     """
     path = resolve_space_path(space)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise SpaceError(f"--space {path}: cannot read as YAML ({first})") from None
+        data = read_yaml(path, what="--space ")  # bounded: size, nesting, alias expansion
+    except ScenarioError as exc:
+        raise SpaceError(str(exc)) from None
     return parse_space(data)
 
 
@@ -142,22 +141,22 @@ def _parse_param(key: str, spec: Any) -> Param:
     if key == "policies" or key.startswith(("policy.", "policies.")) and key.count(".") < 2:
         raise SpaceError(f"{where}: cannot search the policy list; search keys under policy.<name>.")
     if not isinstance(spec, dict):
-        raise SpaceError(f"{where}: expected {{low, high[, log, step]}} or {{choices: [...]}}, got {spec!r}")
+        raise SpaceError(f"{where}: expected {{low, high[, log, step]}} or {{choices: [...]}}, got {short_repr(spec)}")
     if "choices" in spec:
         return _parse_choices(key, where, spec)
     unknown = sorted(set(spec) - RANGE_FIELDS)
     if unknown:
-        raise SpaceError(f"{where}: unknown field {unknown[0]!r} (expected low, high, log, step or choices)")
+        raise SpaceError(f"{where}: unknown field {short_repr(unknown[0])} (expected low, high, log, step or choices)")
     low, high, log, step = spec.get("low"), spec.get("high"), spec.get("log", False), spec.get("step")
     for name, value in (("low", low), ("high", high)):
         if not _is_number(value):
-            raise SpaceError(f"{where}: {name} must be a number, got {value!r}")
+            raise SpaceError(f"{where}: {name} must be a number, got {short_repr(value)}")
     if low > high:
         raise SpaceError(f"{where}: empty range (low={low} > high={high})")
     if not isinstance(log, bool):
-        raise SpaceError(f"{where}: log must be true or false, got {log!r}")
+        raise SpaceError(f"{where}: log must be true or false, got {short_repr(log)}")
     if step is not None and not (_is_number(step) and step > 0):
-        raise SpaceError(f"{where}: step must be a positive number, got {step!r}")
+        raise SpaceError(f"{where}: step must be a positive number, got {short_repr(step)}")
     if log and step is not None:
         raise SpaceError(f"{where}: give log or step, not both")
     if log and low <= 0:
@@ -170,10 +169,10 @@ def _parse_choices(key: str, where: str, spec: dict) -> Param:
         raise SpaceError(f"{where}: choices cannot be combined with {sorted(set(spec) - {'choices'})}")
     choices = spec["choices"]
     if not isinstance(choices, list) or not choices:
-        raise SpaceError(f"{where}: choices must be a non-empty list, got {choices!r}")
+        raise SpaceError(f"{where}: choices must be a non-empty list, got {short_repr(choices)}")
     for value in choices:
         if value is not None and not isinstance(value, str | int | float | bool):
-            raise SpaceError(f"{where}: choices must be scalars, got {value!r}")
+            raise SpaceError(f"{where}: choices must be scalars, got {short_repr(value)}")
     if len({json.dumps(v) for v in choices}) != len(choices):
         raise SpaceError(f"{where}: choices repeat a value: {choices}")
     return Param(key, choices=tuple(choices))
@@ -183,7 +182,7 @@ def _searched_policy(given: Any, params: tuple[Param, ...]) -> str:
     named = {p.key.split(".")[1] for p in params if p.key.startswith("policy.")}
     if given is not None:
         if not isinstance(given, str) or not given:
-            raise SpaceError(f"space.policy: expected a policy name, got {given!r}")
+            raise SpaceError(f"space.policy: expected a policy name, got {short_repr(given)}")
         for p in params:
             if p.key.startswith("policy.") and p.key.split(".")[1] != given:
                 raise SpaceError(

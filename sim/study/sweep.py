@@ -11,9 +11,11 @@
    bytes (when the workload reads one) and :func:`code_version` (the package version and a digest of the
    ``sim`` and ``traces`` sources). Records live in ``out_dir/cache/<key[:2]>/<key>.json``; a rerun with one
    more grid value simulates only the new points, and any change of scenario, card, preset or code makes new keys.
+   A record file that is not a valid record is reported and its point simulated again (:class:`PointCache`).
 3. Missing points are grouped by (grid values, seed), so a group's policies share one workload, and run on
    :func:`sim.study.executors.run_tasks` (local processes or Ray). Results come back to this process, which
-   alone writes the cache, so remote workers need no shared file system.
+   alone writes the cache, each group as it finishes, so remote workers need no shared file system, and Ctrl-C
+   or SIGTERM (which stop the workers) keeps every point finished so far.
 4. :func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
    ``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
    ``rejected``/``incomplete``, the interpolated accuracy columns (``sim.study.accuracy``) and ``error`` (a
@@ -29,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -112,6 +115,11 @@ def parse_grid(text: str) -> tuple[str, tuple[str, ...]]:
     if len(set(values)) != len(values):
         raise SweepError(f"{text!r}: a value is repeated", "grids")
     return key, values
+
+
+def num_points(cfg: SweepConfig) -> int:
+    """How many points (simulations) the sweep has: grid values multiplied, × policies × seeds; nothing is resolved."""
+    return math.prod(len(values) for _, values in cfg.grids) * len(cfg.policies) * cfg.num_seeds
 
 
 def check_config(cfg: SweepConfig) -> None:
@@ -217,19 +225,35 @@ def simulate_group(scenarios: tuple[Scenario, ...], policies: tuple[str, ...]) -
 
 
 class PointCache:
-    """JSON records under ``root/<key[:2]>/<key>.json``; each written to a temp file and renamed into place."""
+    """JSON records under ``root/<key[:2]>/<key>.json``; each written to a temp file and renamed into place.
 
-    def __init__(self, root: Path) -> None:
+    A record is ``{"metrics": {column: number or null, ...}, "error": str}`` with every :data:`METRIC_COLUMNS`
+    entry. A file that is not one (damaged, hand-edited, or not JSON) is reported to ``on_invalid`` (default: a
+    ``RuntimeWarning``) and read as missing, so its point is simulated again and the file rewritten.
+    """
+
+    def __init__(self, root: Path, on_invalid: Callable[[str], None] | None = None) -> None:
         self.root = root
+        self.on_invalid = on_invalid or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The record stored under ``key``; None when there is none or it is not a valid record (reported)."""
+        path = self.path(key)
         try:
-            return json.loads(self.path(key).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
             return None
+        except ValueError:  # not UTF-8, or not JSON
+            problem: str | None = "is not valid JSON"
+        else:
+            problem = record_problem(record)
+        if problem:
+            self.on_invalid(f"sweep cache record {path} {problem}; simulating its point again")
+            return None
+        return record
 
     def put(self, key: str, record: dict[str, Any]) -> None:
         path = self.path(key)
@@ -237,6 +261,32 @@ class PointCache:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, sort_keys=True))
         os.replace(tmp, path)
+
+
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+              float: "a number", type(None): "null"}  # fmt: skip
+
+
+def record_problem(record: Any) -> str | None:
+    """Why ``record`` (parsed JSON) is not a cache record (see :class:`PointCache`), or None if it is one."""
+    if not isinstance(record, dict):
+        return f"is {JSON_TYPES.get(type(record), 'not an object')}, expected an object with metrics and error"
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict):
+        return "has no metrics object"
+    missing = [k for k in METRIC_COLUMNS if k not in metrics]
+    if missing:
+        return f"lacks the metric(s) {', '.join(missing)}"
+    bad = [k for k in METRIC_COLUMNS if metrics[k] is not None and not _is_number(metrics[k])]
+    if bad:
+        return f"has non-numeric metric(s) {', '.join(bad)}"
+    if not isinstance(record.get("error"), str):
+        return "has no error text"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def run_sweep(
@@ -247,12 +297,15 @@ def run_sweep(
     ray_address: str | None = None,
     on_point: Callable[[int], None] | None = None,
     points: list[Point] | None = None,
+    on_invalid: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Simulate the points missing from ``out_dir/cache`` and tabulate all of them (nothing else is written).
 
     Args:
         on_point: called with the number of points done (cached ones first, then as groups finish).
         points: :func:`resolve_points` of ``cfg`` when the caller already has them (they are not re-checked).
+        on_invalid: called with one line per cache file that is not a valid record (its point is simulated
+            again); default a ``RuntimeWarning``.
 
     Raises:
         SweepError, ScenarioError: see :func:`resolve_points`; ExecutorError: a bad backend or job count;
@@ -261,7 +314,7 @@ def run_sweep(
     points = resolve_points(cfg) if points is None else points
     if cfg.accuracy is not None:
         cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
-    cache = PointCache(out_dir / "cache")
+    cache = PointCache(out_dir / "cache", on_invalid)
     records = {p.key: cache.get(p.key) for p in points}
     missing = list({p.key: p for p in points if records[p.key] is None}.values())
     num_cached = len(points) - len(missing)

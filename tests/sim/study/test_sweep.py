@@ -99,7 +99,8 @@ def test_a_damaged_cache_entry_is_simulated_again(tmp_path):
     first = run_sweep(config(prompts=("8000",), rates=("2",)), tmp_path)
     key = resolve_points(config(prompts=("8000",), rates=("2",)))[0].key
     PointCache(tmp_path / "cache").path(key).write_text("{not json")
-    again = run_sweep(config(prompts=("8000",), rates=("2",)), tmp_path)
+    with pytest.warns(RuntimeWarning, match="is not valid JSON; simulating its point again"):
+        again = run_sweep(config(prompts=("8000",), rates=("2",)), tmp_path)
     assert (again.num_simulated, again.num_cached) == (1, 1)
     pd.testing.assert_frame_equal(again.table, first.table)
 
