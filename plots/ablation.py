@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -26,7 +27,8 @@ def ablation_bars(summary: pd.DataFrame) -> Figure:
         ha="right" if len(policies) > 4 else "center",
     )
     ax.set(ylabel="decode throughput [tokens/s]", xlabel="policy")
-    ax.set_ylim(0, values.max() * 1.15 if values.max() > 0 else 1)
+    top = float(np.nanmax(values)) if np.isfinite(values).any() else 0.0  # NaN: a run that issued nothing
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     ax.set_title(f"Decode throughput by policy (ratio to {policies[0]})")
     ax.grid(True, axis="y", alpha=0.3)
     return fig

@@ -1,7 +1,8 @@
 """Draw every figure a results folder has data for: ``plot_results(results_dir, out_dir, formats)``.
 
 ``FIGURES`` lists each figure's file name, the tables it reads and how to draw it. A figure whose table is
-missing, unreadable or lacks what it needs is skipped with a one-line note; nothing is simulated here.
+missing, unreadable, holds impossible values (±inf, NaN where none can be, a negative time) or lacks what it needs
+is skipped with a one-line note; nothing is simulated here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from plots.ablation import ablation_bars
 from plots.latency import tpot_cdf, ttft_cdf
 from plots.recall import layer_recall_heatmap, recall_per_step
 from plots.style import MissingData
-from plots.tables import read_table, table_path
+from plots.tables import read_table, table_path, value_problem
 from plots.timeline import layer_pipeline_gantt
 from plots.timeseries import link_utilisation, memory_over_time, throughput_over_time
 
@@ -105,8 +106,9 @@ def plot_results(
 
 
 class _TableCache:
-    """Reads each table once (``name.csv`` or its ``.parquet``, plots.tables); a missing or unreadable one raises
-    MissingData for the figure that asked."""
+    """Reads each table once (``name.csv`` or its ``.parquet``, plots.tables); a missing or unreadable one, or one
+    holding values no run writes (:func:`plots.tables.value_problem`: ±inf, NaN where a value is always defined, a
+    negative time), raises MissingData for the figure that asked."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self._tables = folder, {}
@@ -117,9 +119,12 @@ class _TableCache:
                 self._tables[name] = MissingData(f"{name} not in {self.folder}")
             else:
                 try:
-                    self._tables[name] = read_table(self.folder, name)
+                    table = read_table(self.folder, name)
                 except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ImportError) as exc:
                     self._tables[name] = MissingData(f"cannot read {name}: {str(exc).splitlines()[0]}")
+                else:
+                    problem = value_problem(name, table)  # no figure can draw an infinite or NaN time
+                    self._tables[name] = MissingData(f"cannot draw {name}: {problem}") if problem else table
         value = self._tables[name]
         if isinstance(value, MissingData):
             raise value

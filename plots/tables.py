@@ -9,9 +9,20 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 PARQUET_INSTALL = "pip install 'pulseinfer[parquet]'"
+# What a run writes (sim/metrics/tables.py): no number is ever ±inf; NaN only in the tables where a value can be
+# undefined (a request that did not finish or was never issued; a summary metric with no sample); simulated time
+# never runs below 0. A table breaking this was not written by the simulator, and no figure can draw it.
+NAN_ALLOWED = frozenset({"requests", "summary"})
+TIME_COLUMNS = {
+    "steps": ("start_s", "duration_s"),
+    "requests": ("arrival_s",),
+    "layer_recall": ("time_s",),
+    "timeline": ("start_s", "end_s"),
+}
 
 
 def table_path(out_dir: Path, name: str) -> Path | None:
@@ -44,3 +55,19 @@ def read_table(out_dir: Path, name: str) -> pd.DataFrame:
             raise ImportError(f"{path} is Parquet and pyarrow is not installed: {PARQUET_INSTALL}")
         return pd.read_parquet(path, engine="pyarrow")
     return pd.read_csv(path)
+
+
+def value_problem(name: str, table: pd.DataFrame) -> str | None:
+    """Why the figures cannot draw the table ``name`` (``steps``, ``steps.csv``, ...): its first numeric column
+    holding ±inf, NaN (outside :data:`NAN_ALLOWED`) or a negative simulated time (:data:`TIME_COLUMNS`); None when
+    every value is one a run writes. Columns that are not numeric are not looked at."""
+    stem = name.removesuffix(".csv").removesuffix(".parquet")
+    for column in table.select_dtypes("number").columns:
+        values = table[column].to_numpy(dtype=float)
+        if np.isinf(values).any():
+            return f"{stem} column {column} holds an infinite value"
+        if stem not in NAN_ALLOWED and np.isnan(values).any():
+            return f"{stem} column {column} holds NaN"
+        if column in TIME_COLUMNS.get(stem, ()) and (values < 0).any():
+            return f"{stem} column {column} holds a negative time ({values.min():.6g} s)"
+    return None

@@ -14,9 +14,11 @@ Error boundary: ``run`` does its work and raises; :func:`main` alone turns error
   with ``pulseinfer.errors.flag_names``;
 - an ``OSError`` (a path the user named cannot be read or written) → one ``error:`` line, exit 2;
 - ``KeyboardInterrupt`` (Ctrl-C, SIGINT) → one ``interrupted`` line, exit 130, no traceback; SIGTERM → one
-  ``terminated`` line, exit 143: while a sub-command runs, SIGTERM raises ``pulseinfer.errors.Terminated`` (a
-  ``KeyboardInterrupt`` subclass) in the main thread, so both signals unwind the same way: worker pools stop their
-  workers (sim/study/executors.py), a staging folder is removed (pulseinfer/outdir.py), what finished is kept;
+  ``terminated`` line, exit 143; SIGHUP (the terminal or ssh session closed) → one ``hangup`` line, exit 129:
+  while a sub-command runs, SIGTERM raises ``pulseinfer.errors.Terminated`` and SIGHUP its subclass ``HungUp``
+  (``KeyboardInterrupt`` subclasses) in the main thread, so all three unwind the same way: worker pools stop their
+  workers (sim/study/executors.py), a staging folder is removed (pulseinfer/outdir.py), what finished is kept.
+  A SIGHUP the process started ignoring (``nohup``) stays ignored;
 - a bug the simulator caught itself (the classes in :data:`BUG_REPORTS`, e.g. sim's ``PhysicsError``: a run broke
   a physical bound) → one ``bug: <message>`` line naming the check and the scenario, exit 1, no traceback;
 - anything else propagates with its traceback (exit 1): it is a bug.
@@ -38,7 +40,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, HungUp, Terminated
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "entry", "error_message", "main"]
 
@@ -96,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the sub-command, and map what it raises to one stderr line and an exit status."""
     args = build_parser().parse_args(argv)
     try:
-        with _sigterm_raises():
+        with _signals_raise():
             return args.run(args)
-    except Terminated:
-        print("terminated", file=sys.stderr)
-        return EXIT_TERMINATED
+    except Terminated as exc:  # SIGTERM, or SIGHUP (HungUp)
+        print(exc.line, file=sys.stderr)
+        return exc.status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -115,22 +117,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+# signal → the exception its handler raises inside a sub-command (SIGHUP: POSIX only)
+RAISED = {signal.SIGTERM: Terminated, **({signal.SIGHUP: HungUp} if hasattr(signal, "SIGHUP") else {})}
+
+
 @contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Inside the block SIGTERM raises :class:`~pulseinfer.errors.Terminated` (main thread only: elsewhere Python
-    cannot install a handler); the previous handler comes back afterwards."""
+def _signals_raise() -> Iterator[None]:
+    """Inside the block SIGTERM raises :class:`~pulseinfer.errors.Terminated` and SIGHUP
+    :class:`~pulseinfer.errors.HungUp` (main thread only: elsewhere Python cannot install a handler); a signal
+    that is ignored (SIGHUP under ``nohup``) stays ignored. The previous handlers come back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {
+        signum: signal.signal(signum, _raise_for) for signum in RAISED if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
+def _raise_for(signum: int, frame: object) -> None:
+    raise RAISED[signum]
 
 
 def entry() -> None:

@@ -14,6 +14,7 @@ EXIT_FAILED = 1  # the run finished but produced nothing usable (also Python's s
 EXIT_BAD_INPUT = 2  # one ``error:`` line naming the flag or field, the value and what was expected
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
+EXIT_HANGUP = 129  # SIGHUP (128 + SIGHUP): the terminal or ssh session closed
 
 
 class Terminated(KeyboardInterrupt):
@@ -21,8 +22,19 @@ class Terminated(KeyboardInterrupt):
 
     A ``KeyboardInterrupt`` subclass, so every cleanup written for Ctrl-C runs for SIGTERM too (a results
     folder's staging folder is removed, worker pools stop their workers, Optuna marks the running trial failed);
-    ``main`` tells the two apart for the exit status.
+    ``main`` tells the two apart for the exit status: it prints :attr:`line` and exits with :attr:`status`.
     """
+
+    line = "terminated"
+    status = EXIT_TERMINATED
+
+
+class HungUp(Terminated):
+    """SIGHUP arrived (the terminal or ssh session closed): stops the run as SIGTERM does, with its own line and
+    status. Not raised when the process started with SIGHUP ignored (``nohup``)."""
+
+    line = "hangup"
+    status = EXIT_HANGUP
 
 
 class UsageError(ValueError):

@@ -5,6 +5,7 @@ Every folder a command writes (``--out``) holds :data:`MARKER` at its top, a sma
     {"pulseinfer_results": 2, "written_by": "pulseinfer simulate", "note": "...",
      "files": ["plots/tpot_cdf.png", "requests.csv", ...], "folders": ["plots"], "trees": []}
 
+``written_by`` names the command: only a re-run of it may replace the folder (pulseinfer/outdir.py).
 ``files`` and ``folders`` are the paths (relative, ``/``-separated) the command created; ``trees`` are folders
 whose whole content is pulseinfer's (``sweep``'s ``cache/``). Nothing else in the folder is pulseinfer's: a notes
 file or a subfolder of your own is carried into the new folder by a re-run (pulseinfer/outdir.py).
@@ -16,13 +17,15 @@ nested, ``R/exp2``) is another run's: its files give way only to a file this run
 
 A marker of an earlier version (plain text, no list) claims what those versions wrote: files ending in
 .csv/.parquet/.yaml/.json/.png/.svg/.pdf at its top and anywhere inside ``plots/`` or ``cache/``; anything else
-(``notes.txt``, ``my_notes/``) is the user's.
+(``notes.txt``, ``my_notes/``) is the user's. Its first words name the command that wrote it
+(``written by pulseinfer sweep; ...``), read by :func:`read_writer` as ``written_by`` is.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +33,7 @@ MARKER = ".pulseinfer-results"
 FORMAT = 2  # the "pulseinfer_results" value of a marker with lists; a marker without it is an earlier version's
 LEGACY_SUFFIXES = {".csv", ".parquet", ".yaml", ".json", ".png", ".svg", ".pdf"}
 LEGACY_FOLDERS = {"plots", "cache"}
+LEGACY_WRITER = re.compile(r"written by (pulseinfer(?: [a-z][a-z_-]*)+)")  # an earlier version's plain-text marker
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,23 @@ def read_claims(folder: Path) -> Claims | None:
         return _legacy_claims(folder)
 
 
+def read_writer(folder: Path) -> str | None:
+    """The command that wrote ``folder``'s own marker (``pulseinfer simulate``): its ``written_by``, or for an
+    earlier version's plain-text marker its first words. None without a marker; "" when the marker does not say
+    (damaged). Raises OSError if the marker cannot be read."""
+    path = folder / MARKER
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        found = LEGACY_WRITER.match(text.strip())
+        return found.group(1) if found else ""
+    writer = data.get("written_by") if isinstance(data, dict) else None
+    return writer.strip() if isinstance(writer, str) and writer.strip() != "pulseinfer" else ""
+
+
 def claims_of(folder: Path) -> Claims | None:
     """What pulseinfer wrote in ``folder``: its own marker's claims and those of enclosing folders that claim it.
 
@@ -94,6 +115,25 @@ def claims_of(folder: Path) -> Claims | None:
     if above is None or not above.owns(folder.name, folder=True):
         return own
     return above.below(folder.name) | (own or Claims())
+
+
+def claimed_by(folder: Path) -> tuple[Path, str, bool] | None:
+    """The enclosing results folder whose marker claims ``folder`` (``R`` for ``R/plots`` of ``simulate --plots``),
+    the command that wrote that marker ("" if it does not say), and whether ``folder`` lies in a tree the marker
+    claims whole (``R/cache`` of a sweep). None when no enclosing folder claims ``folder``."""
+    folder = Path(os.path.abspath(folder))
+    parent = folder.parent
+    if parent == folder:
+        return None
+    above = claims_of(parent)
+    if above is None or not above.owns(folder.name, folder=True):
+        return None
+    writer = read_writer(parent)
+    if writer is None:  # the parent is itself claimed from further up
+        holder, writer, _ = claimed_by(parent)
+    else:
+        holder = parent
+    return holder, writer, above.below(folder.name).everything
 
 
 def written_claims(folder: Path) -> Claims:
@@ -110,8 +150,8 @@ def write_marker(folder: Path, command: str, claims: Claims) -> None:
     data = {
         "pulseinfer_results": FORMAT,
         "written_by": f"pulseinfer {command}".strip(),
-        "note": "pulseinfer wrote the files and folders listed here; a re-run replaces them and keeps everything "
-        "else in this folder",
+        "note": "pulseinfer wrote the files and folders listed here; only a re-run of the same command replaces "
+        "them, and it keeps everything else in this folder",
         "files": sorted(claims.files),
         "folders": sorted(claims.folders),
         "trees": sorted(claims.trees),

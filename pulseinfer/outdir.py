@@ -1,16 +1,21 @@
 """Result folders written whole: every command that writes ``--out`` stages it beside the target first.
 
 :func:`results_folder` is entered before any work. It checks that ``--out`` can be written (so an unwritable
-path fails in a second, not after the simulation), creates a hidden staging folder beside it
-(``.NAME.partial-XXXX`` in the same parent, hence the same file system, with the permissions the umask gives a
-new folder) and yields it; the command writes every file there. On success the staging folder replaces
-``--out`` in one rename, so a reader sees the previous run's folder or this run's, never a mix. On any error or
-Ctrl-C the staging folder is removed and ``--out`` is left exactly as it was.
+path fails in a second, not after the simulation), creating nothing until every check passed, then creates a
+hidden staging folder beside it (``.NAME.partial-XXXX`` in the same parent, hence the same file system, with the
+permissions the umask gives a new folder) and yields it; the command writes every file there. On success the
+staging folder replaces ``--out`` in one rename, so a reader sees the previous run's folder or this run's, never
+a mix. On any error, Ctrl-C, SIGTERM or SIGHUP the staging folder (and any parent folder the run created) is
+removed and ``--out`` is left exactly as it was; the renames themselves hold those signals until they are done,
+so no ``.NAME.old-XXXX`` folder outlives a run.
 
-Only what pulseinfer wrote is replaced. Every results folder holds the marker :data:`MARKER`, which lists the
-paths its run wrote (pulseinfer/marker.py). An existing ``--out`` is used only if it is empty, holds a marker,
-or is a folder that an enclosing results folder's marker lists (``RESULTS/plots`` of ``simulate --plots``);
-any other folder is refused with one line naming it. A re-run leaves the previous run's listed files behind
+Only what pulseinfer wrote is replaced, and only by the command that wrote it. Every results folder holds the
+marker :data:`MARKER`, which lists the paths its run wrote and the command (``written_by``; pulseinfer/marker.py).
+An existing ``--out`` is used only if it is empty, or its marker was written by the same command (a re-run;
+``calibrate`` and ``calibrate selection`` count as one), or it is the figure folder ``plots`` an enclosing results
+folder lists, for ``pulseinfer plot``; a folder another command wrote is refused with one line naming it and that
+command, and so is any other non-empty folder. A symbolic link as ``--out`` is refused (it would be replaced by a
+folder, not followed). A re-run leaves the previous run's listed files behind
 (no stale table or figure survives) and carries everything else of the old folder, a notes file or a subfolder
 of the user's, into the new one untouched (renamed, not copied). What cannot be carried (another file system,
 no permission to move it) refuses the run up front; a user's entry at a path this run wrote stops the run
@@ -21,8 +26,9 @@ versions wrote (.csv, .parquet, .yaml, .json, .png, .svg, .pdf) at the folder's 
 ``update=True`` (``pulseinfer calibrate``, which keeps a profile's ``recall_stats``; ``calibrate selection``,
 which adds them) starts the staging folder with copies of the folder's pulseinfer files and of the files at
 its top, so the command can read them; a copy the run left unchanged gives way to the original, a changed one
-replaces it. Commands that write ``--out`` in place (``sweep``, ``search``, ``cases``: a cache or a study
-journal that a re-run resumes) call :func:`mark_results` instead.
+replaces it (the folder must still be empty or written by calibrate). Commands that write ``--out`` in place
+(``sweep``, ``search``, ``cases``: a cache or a study journal that a re-run resumes) call :func:`mark_results`
+instead.
 """
 
 from __future__ import annotations
@@ -39,40 +45,56 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pulseinfer.errors import UsageError
-from pulseinfer.marker import MARKER, Claims, claims_of, plan_carry, read_claims, write_marker, written_claims
+from pulseinfer.marker import (
+    MARKER,
+    Claims,
+    claimed_by,
+    claims_of,
+    plan_carry,
+    read_claims,
+    read_writer,
+    write_marker,
+    written_claims,
+)
 
-__all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder"]
-DEFERRED = (signal.SIGINT, signal.SIGTERM)
+__all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command"]
+DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # held during the renames (_no_interrupt)
+FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
 
 
-def check_writable(out: Path, flag: str = "--out", update: bool = False) -> Claims:
-    """Raise UsageError (one line naming ``flag`` and the path) unless ``out`` can be (re)written.
+def check_writable(out: Path, command: str, flag: str = "--out") -> Claims:
+    """Raise UsageError (one line naming ``flag`` and the path) unless ``command`` may (re)write ``out``.
 
-    Creates ``out``'s missing parent folders (an OSError there is a one-line error at the CLI boundary).
+    Creates nothing: a missing parent folder is checked through its nearest existing ancestor (the parents are
+    created by :func:`results_folder` or :func:`mark_results`, once every input check has passed).
+
+    Args:
+        out: the folder the user named.
+        command: the sub-command (``simulate``, ``calibrate selection``); an existing results folder may be
+            (re)written only by the command that wrote it (:func:`same_command`).
+        flag: the option that named ``out`` (for messages).
 
     Returns:
-        What pulseinfer wrote in an existing ``out`` (empty claims for a new or empty folder, or, with ``update``,
-        a folder without a marker).
+        What pulseinfer wrote in an existing ``out`` (empty claims for a new or empty folder).
     """
+    if out.name in ("", ".", ".."):
+        raise UsageError(f"{flag} {out}: give the folder by a path that ends in its name, not in . or ..")
+    if out.is_symlink():
+        target = os.path.realpath(out)
+        if out.exists():
+            raise UsageError(f"{flag} {out}: is a symbolic link to {target}; give {target} itself")
+        raise UsageError(f"{flag} {out}: is a symbolic link to {target}, which does not exist; give a folder path")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag} {out}: exists and is not a folder; give a folder path")
     claims = Claims()
     if out.is_dir():
-        found = claims_of(out)
-        if found is None and not update and any(out.iterdir()):
-            raise UsageError(
-                f"{flag} {out}: folder exists, is not empty and was not written by pulseinfer (no {MARKER} marks "
-                "it); give a new or empty folder"
-            )
-        claims = found or Claims()
+        claims = _check_owner(out, flag, command)
         _check_carry(out, flag, claims)
     parent = out.absolute().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(f"{flag} {out}: a parent of it is a file, not a folder; give a folder path") from None
-    except OSError as exc:
-        raise UsageError(f"{flag} {out}: cannot create its parent folder {parent} ({exc.strerror})") from None
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {out}: a parent of it, {parent}, is a file, not a folder; give a folder path")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {out}: cannot write into {parent} (permission denied)")
     try:  # the results are staged beside `out` (results_folder): some file systems refuse folders anyway
@@ -80,6 +102,48 @@ def check_writable(out: Path, flag: str = "--out", update: bool = False) -> Clai
     except OSError as exc:
         raise UsageError(f"{flag} {out}: cannot create a folder in {parent} ({exc.strerror})") from None
     return claims
+
+
+def same_command(writer: str, command: str) -> bool:
+    """Whether the marker's ``writer`` (``pulseinfer calibrate``) and ``command`` (``calibrate selection``) are one
+    command: the same first word (``calibrate selection`` adds to what ``calibrate`` wrote, and back)."""
+    return writer.split()[1:2] == command.split()[:1]
+
+
+def _check_owner(out: Path, flag: str, command: str) -> Claims:
+    """The claims of the existing folder ``out`` if ``command`` may replace it; UsageError otherwise.
+
+    Allowed: a folder whose own marker ``command`` wrote; an empty folder that no results folder claims; the figure
+    folder ``plots`` a results folder lists, for ``plot``. Refused: a folder another command wrote (naming it),
+    a folder that is part of another run's results, any other non-empty folder."""
+    writer = read_writer(out)
+    if writer is not None:
+        if not writer:
+            raise UsageError(
+                f"{flag} {out}: its {MARKER} marker does not name the command that wrote it, so nothing in it is "
+                "replaced; give another folder"
+            )
+        if not same_command(writer, command):
+            raise UsageError(
+                f"{flag} {out}: holds the results of `{writer}` (its {MARKER} marker says so), which only a re-run "
+                f"of `{writer}` may replace, not `pulseinfer {command}`; give another folder"
+            )
+        return claims_of(out) or Claims()
+    holder = claimed_by(out)
+    if holder is None:
+        if any(out.iterdir()):
+            raise UsageError(
+                f"{flag} {out}: folder exists, is not empty and was not written by pulseinfer (no {MARKER} marks "
+                "it); give a new or empty folder"
+            )
+        return Claims()
+    folder, writer, in_tree = holder
+    if command == "plot" and out.name == FIGURES and not in_tree:
+        return claims_of(out) or Claims()
+    raise UsageError(
+        f"{flag} {out}: is part of the results of `{writer or 'pulseinfer'}` in {folder}, which only a re-run of "
+        "that command may replace; give another folder"
+    )
 
 
 def _check_carry(out: Path, flag: str, claims: Claims) -> None:
@@ -101,30 +165,31 @@ def _check_carry(out: Path, flag: str, claims: Claims) -> None:
 
 
 @contextmanager
-def results_folder(out: Path, flag: str = "--out", update: bool = False, command: str = "") -> Iterator[Path]:
-    """Stage a results folder; on success it replaces ``out``, on error or Ctrl-C nothing changes.
+def results_folder(out: Path, command: str, flag: str = "--out", update: bool = False) -> Iterator[Path]:
+    """Stage a results folder; on success it replaces ``out``, on error or a signal nothing changes.
 
     The marker (:data:`MARKER`, listing every path the command wrote) is added to the staging folder, and what
     the previous ``out`` holds that pulseinfer did not write is carried into the new one.
 
     Args:
         out: the folder the user named.
+        command: the sub-command, recorded in the marker (only it may later replace the folder).
         flag: the option that named it (for messages).
         update: start from copies of an existing ``out``'s pulseinfer files and top-level files.
-        command: recorded in the marker.
 
     Yields:
         The staging folder (beside ``out``) to write every file into.
 
     Raises:
-        UsageError: ``out`` is a file or a folder pulseinfer did not write, holds something that cannot be
-            carried over, its parent is not writable, or (after the run, before anything is replaced) the run
-            wrote a path where ``out`` holds something of the user's.
+        UsageError: see :func:`check_writable`; also (after the run, before anything is replaced) the run wrote a
+            path where ``out`` holds something of the user's.
         OSError: the staging folder cannot be created (the CLI prints one line).
     """
-    claims = check_writable(out, flag, update)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.absolute().parent))
+    claims = check_writable(out, command, flag)
+    created = _make_parents(out, flag)  # removed again if the run fails
+    stage = None
     try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.absolute().parent))
         os.chmod(stage, 0o777 & ~_umask())
         copied = _copy_for_update(out, stage, claims) if update and out.is_dir() else {}
         yield stage
@@ -133,8 +198,13 @@ def results_folder(out: Path, flag: str = "--out", update: bool = False, command
         with _no_interrupt():
             _replace(stage, out, claims, flag)
     except BaseException as exc:
-        if not isinstance(exc, StageKept):  # never delete entries of the user's that could not be put back
+        if stage is not None and not isinstance(exc, StageKept):  # never delete the user's entries put there
             shutil.rmtree(stage, ignore_errors=True)
+        for folder in reversed(created):
+            try:
+                os.rmdir(folder)  # only while empty
+            except OSError:
+                break
         raise
 
 
@@ -143,10 +213,37 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
 
     Its marker lists ``files`` and ``trees`` (folders whose whole content the command writes) besides what it
     listed before, so a later run that replaces ``out`` removes them and keeps everything else.
+
+    Raises:
+        UsageError: see :func:`check_writable` (checked again here, in case the folder changed meanwhile).
     """
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and not out.is_symlink():
+        _check_owner(out, "--out", command)  # nothing is moved: the owner is what matters
+    else:
+        check_writable(out, command)
+    _make_parents(out, "--out")
+    out.mkdir(exist_ok=True)
     written = Claims(files=frozenset(files), trees=frozenset(trees))
     write_marker(out, command, (read_claims(out) or Claims()) | written)
+
+
+def _make_parents(out: Path, flag: str) -> list[Path]:
+    """Create ``out``'s missing parent folders; returns those created, outermost first. UsageError if one cannot
+    be created."""
+    created = []
+    for parent in reversed(out.absolute().parents):
+        if os.path.lexists(parent):
+            continue
+        try:
+            parent.mkdir()
+        except FileExistsError:  # made meanwhile by someone else
+            continue
+        except OSError as exc:
+            for folder in reversed(created):
+                os.rmdir(folder)
+            raise UsageError(f"{flag} {out}: cannot create its parent folder {parent} ({exc.strerror})") from None
+        created.append(parent)
+    return created
 
 
 def _umask() -> int:
@@ -266,28 +363,37 @@ def _move_back(done: list[tuple[Path, Path]], stage: Path) -> None:
 
 
 def _clear(old: Path, out: Path, claims: Claims) -> None:
-    """Remove the previous folder, moved aside into ``old``; an entry of the user's that appeared in it during the
-    run is carried into ``out`` first (if that fails, ``old`` is kept and named)."""
+    """Remove the previous folder, moved aside into ``old``. An entry of the user's that appeared in it during the
+    run is carried into ``out`` first; one at a path this run wrote goes into a new folder ``out/kept-XXXX``
+    (named in a note). Only if a move fails is ``old`` kept, named in a note."""
     previous = old / "previous"
     try:
         carry = plan_carry(previous, out, claims)
         for src, dst in carry.moves:
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.rename(src, dst)
-        keep = bool(carry.conflicts)
-    except OSError:
-        keep = True
-    if keep:
-        print(f"note: kept {old}: it holds files written into {out} during the run", file=sys.stderr)
+        if carry.conflicts:
+            kept = Path(tempfile.mkdtemp(prefix="kept-", dir=out))
+            os.chmod(kept, 0o777 & ~_umask())
+            for src in carry.conflicts:
+                dst = kept / src.relative_to(previous)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(src, dst)
+            print(f"note: {kept}: files written into {out} during the run at paths the run also wrote", file=sys.stderr)
+    except OSError as exc:
+        print(f"note: kept {old}: files written into {out} during the run could not be moved ({exc})", file=sys.stderr)
         return
     shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(old):
+        print(f"note: could not remove {old}, the previous {out}; remove it by hand", file=sys.stderr)
 
 
 @contextmanager
 def _no_interrupt() -> Iterator[None]:
-    """Block Ctrl-C and SIGTERM for the renames (an exception between them would leave no ``out``, or entries of
-    the user's in a staging folder that is then removed); the kernel keeps a signal sent meanwhile pending and
-    delivers it when the block ends, so the usual handler (KeyboardInterrupt, the CLI's Terminated) runs then."""
+    """Block Ctrl-C, SIGTERM and SIGHUP for the renames (an exception between them would leave no ``out``, a
+    ``.NAME.old-XXXX`` folder, or entries of the user's in a staging folder that is then removed); the kernel keeps
+    a signal sent meanwhile pending and delivers it when the block ends, so the usual handler (KeyboardInterrupt,
+    the CLI's Terminated or HungUp) runs then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -13,6 +13,7 @@ import pytest
 import sim.run
 from pulseinfer.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
 from pulseinfer.errors import UsageError
+from pulseinfer.marker import Claims, write_marker
 from pulseinfer.outdir import MARKER, mark_results, results_folder
 
 TINY = [
@@ -122,7 +123,7 @@ def test_a_scenario_name_is_a_name_not_a_path(tmp_path, capsys, monkeypatch, nam
 def test_results_follow_the_umask(tmp_path, umask):
     previous = os.umask(umask)
     try:
-        with results_folder(tmp_path / "out") as stage:
+        with results_folder(tmp_path / "out", command="simulate") as stage:
             (stage / "plots").mkdir()
             (stage / "table.csv").write_text("a\n")
     finally:
@@ -151,37 +152,37 @@ def test_the_marker_lists_what_the_run_wrote(tmp_path):
 
 def test_a_folder_an_enclosing_results_folder_lists_may_be_replaced(tmp_path):
     out = tmp_path / "out"
-    with results_folder(out) as stage:  # simulate --plots
+    with results_folder(out, command="simulate") as stage:  # simulate --plots
         (stage / "plots").mkdir()
         (stage / "plots" / "old.png").write_bytes(b"old")
     (out / "plots" / "mine.txt").write_text("mine")
     with results_folder(out / "plots", command="plot") as stage:  # pulseinfer plot OUT
         (stage / "new.png").write_bytes(b"new")
     assert sorted(p.name for p in (out / "plots").iterdir()) == [MARKER, "mine.txt", "new.png"]
-    with results_folder(out) as stage:  # a re-run of the enclosing folder, without figures this time
+    with results_folder(out, command="simulate") as stage:  # a re-run of the enclosing folder, without figures
         (stage / "summary.csv").write_text("a\n")
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [MARKER, "plots", "plots/mine.txt", "summary.csv"]
 
 
 def test_a_results_folder_nested_by_the_user_survives_a_rerun(tmp_path):
     out = tmp_path / "out"
-    with results_folder(out) as stage:
+    with results_folder(out, command="simulate") as stage:
         (stage / "summary.csv").write_text("1\n")
-    with results_folder(out / "exp2") as stage:  # pulseinfer simulate --out OUT/exp2
+    with results_folder(out / "exp2", command="simulate") as stage:  # pulseinfer simulate --out OUT/exp2
         (stage / "summary.csv").write_text("2\n")
-    with results_folder(out) as stage:
+    with results_folder(out, command="simulate") as stage:
         (stage / "summary.csv").write_text("3\n")
     assert (out / "exp2" / "summary.csv").read_text() == "2\n" and (out / "exp2" / MARKER).is_file()
 
 
 def test_figures_of_pulseinfer_plot_give_way_to_the_same_figures_of_a_rerun(tmp_path):
     out = tmp_path / "out"
-    with results_folder(out) as stage:  # simulate
+    with results_folder(out, command="simulate") as stage:
         (stage / "summary.csv").write_text("1\n")
     with results_folder(out / "plots", command="plot") as stage:  # pulseinfer plot OUT --format png,svg
         (stage / "tpot.png").write_text("plot")
         (stage / "tpot.svg").write_text("plot")
-    with results_folder(out) as stage:  # simulate --plots
+    with results_folder(out, command="simulate") as stage:  # simulate --plots
         (stage / "plots").mkdir()
         (stage / "plots" / "tpot.png").write_text("rerun")
     assert (out / "plots" / "tpot.png").read_text() == "rerun" and (out / "plots" / "tpot.svg").is_file()
@@ -203,7 +204,7 @@ def test_a_folder_of_an_earlier_version_keeps_what_it_did_not_write(tmp_path):
     ]:
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text)
-    with results_folder(out) as stage:
+    with results_folder(out, command="simulate") as stage:
         (stage / "summary.csv").write_text("new")
     files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file() and p.name != MARKER}
     assert files == {"summary.csv": "new", "notes.txt": "mine", "plots/mine.txt": "mine", "my_notes/table.csv": "mine"}
@@ -211,25 +212,25 @@ def test_a_folder_of_an_earlier_version_keeps_what_it_did_not_write(tmp_path):
 
 def test_a_run_writing_over_a_users_file_replaces_nothing(tmp_path):
     out = tmp_path / "out"
-    with results_folder(out) as stage:
+    with results_folder(out, command="simulate") as stage:
         (stage / "a.csv").write_text("a")
     (out / "b.csv").write_text("mine")
     before = _snapshot(out)
     with pytest.raises(UsageError, match=r"b\.csv was not written by pulseinfer.*nothing was replaced"):
-        with results_folder(out) as stage:
+        with results_folder(out, command="simulate") as stage:
             (stage / "b.csv").write_text("the run's")
     assert _snapshot(out) == before and _leftovers(tmp_path) == []
 
 
 def test_what_cannot_be_carried_over_is_refused_before_the_run(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    with results_folder(out) as stage:
+    with results_folder(out, command="simulate") as stage:
         (stage / "a.csv").write_text("a")
     (out / "locked").mkdir()
     access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: Path(p).name != "locked" and access(p, mode))  # tests run as root
     with pytest.raises(UsageError, match=r"locked was not written by pulseinfer and a re-run cannot carry it"):
-        with results_folder(out):
+        with results_folder(out, command="simulate"):
             pytest.fail("ran before refusing")
     assert (out / "locked").is_dir() and _leftovers(tmp_path) == []
 
@@ -244,7 +245,7 @@ def test_a_folder_written_in_place_is_marked_and_later_replaced(tmp_path):
     (out / "compare.csv").write_text("c\n")
     (out / "notes.txt").write_text("mine")
     assert json.loads((out / MARKER).read_text())["files"] == ["compare.csv", "sweep.csv"]
-    with results_folder(out) as stage:
+    with results_folder(out, command="sweep") as stage:  # (sweep itself writes in place; the claims are the point)
         (stage / "summary.csv").write_text("s\n")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt", "summary.csv"]
 
@@ -314,8 +315,9 @@ def test_foreign_non_empty_folder_is_refused_not_deleted(tmp_path, capsys, monke
 def test_update_mode_keeps_the_existing_files(tmp_path):
     out = tmp_path / "calib"
     out.mkdir()
+    write_marker(out, "calibrate", Claims())  # a calibration folder holding a profile of the user's
     (out / "profile.yaml").write_text("name: p\n")
-    with results_folder(out, update=True) as stage:
+    with results_folder(out, command="calibrate selection", update=True) as stage:
         (stage / "selection.csv").write_text("a\n")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "profile.yaml", "selection.csv"]
     assert _listed(out) == {"selection.csv"}  # the profile, unchanged, is still the user's
@@ -324,11 +326,12 @@ def test_update_mode_keeps_the_existing_files(tmp_path):
 def test_update_mode_replaces_a_file_the_run_changed_and_keeps_the_rest(tmp_path):
     out = tmp_path / "calib"
     out.mkdir()
+    write_marker(out, "calibrate", Claims())
     (out / "profile.yaml").write_text("name: p\n")
     (out / "notes.txt").write_text("mine")
     (out / "raw").mkdir()
     inode = (out / "notes.txt").stat().st_ino
-    with results_folder(out, update=True) as stage:
+    with results_folder(out, command="calibrate", update=True) as stage:
         assert (stage / "profile.yaml").read_text() == "name: p\n"  # the command reads what is there
         (stage / "profile.yaml").write_text("name: p\nrecall_stats: {}\n")
         (out / "notes.txt").write_text("edited during the run")
@@ -354,3 +357,172 @@ def test_a_signal_during_the_renames_is_delivered_after_them():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert delivered == ["end of block", "handler", "after"]
+
+
+# A results folder is replaced only by a re-run of the command that wrote it (its marker's written_by).
+
+
+def _sweep_folder(out: Path) -> None:
+    """What `pulseinfer sweep --out OUT` leaves: a marked folder with its cache and table."""
+    mark_results(out, "sweep", files=["sweep.csv"], trees=["cache"])
+    (out / "cache" / "ab").mkdir(parents=True)
+    (out / "cache" / "ab" / "abcd.json").write_text("{}")
+    (out / "sweep.csv").write_text("a\n")
+
+
+def _search_folder(out: Path) -> None:
+    mark_results(out, "search", files=["trials.csv", "study.journal"])
+    (out / "study.journal").write_text("{}\n")
+    (out / "trials.csv").write_text("trial\n0\n")
+
+
+def test_plot_into_the_results_folder_it_reads_is_refused(tmp_path, capsys):
+    r8 = tmp_path / "r8"
+    assert main(_simulate(r8)) == 0
+    _refused(["plot", str(r8), "--out", str(r8)], r8, capsys)
+    r9 = tmp_path / "r9"
+    assert main(_simulate(r9)) == 0
+    _refused(["plot", str(r8), "--out", str(r9)], r9, capsys)  # another simulate's tables
+    assert "`pulseinfer simulate`" in _refusal(["plot", str(r8), "--out", str(r9)], capsys)
+
+
+def _refusal(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == EXIT_BAD_INPUT
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, writer", [(_sweep_folder, "sweep"), (_search_folder, "search")])
+def test_a_folder_another_command_wrote_is_refused_naming_it(tmp_path, capsys, monkeypatch, make, writer):
+    monkeypatch.setattr(sim.run, "simulate", lambda *a, **k: pytest.fail("simulated before checking --out"))
+    out = tmp_path / "study"
+    make(out)
+    _refused(_simulate(out), out, capsys)
+    assert f"`pulseinfer {writer}`" in _refusal(_simulate(out), capsys)
+    (tmp_path / "results").mkdir()
+    _refused(["plot", str(tmp_path / "results"), "--out", str(out)], out, capsys)
+    with pytest.raises(UsageError, match=f"pulseinfer {writer}"):  # also through the library call
+        with results_folder(out, command="plan"):
+            pytest.fail("ran before refusing")
+    with pytest.raises(UsageError, match=f"pulseinfer {writer}"):  # and for a command that writes in place
+        mark_results(out, "cases", files=["cases.csv"])
+
+
+def test_a_sweep_into_a_simulate_folder_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_simulate(out)) == 0
+    argv = ["sweep", "default", *[a for o in TINY for a in ("--set", o)], "--no-progress"]
+    argv += ["--grid", "workload.synthetic.rate_per_s=5", "--policies", "sglang", "--out", str(out)]
+    _refused(argv, out, capsys)
+
+
+def test_a_folder_inside_another_commands_results_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    with results_folder(out, command="simulate") as stage:  # simulate --plots
+        (stage / "plots").mkdir()
+        (stage / "plots" / "tpot.png").write_bytes(b"png")
+    _refused(_simulate(out / "plots"), out / "plots", capsys)  # plot's figure folder, not simulate's
+    sweep = tmp_path / "sweep"
+    _sweep_folder(sweep)
+    _refused(["plot", str(out), "--out", str(sweep / "cache")], sweep / "cache", capsys)
+    _refused(["plot", str(out), "--out", str(sweep / "cache" / "ab")], sweep / "cache" / "ab", capsys)
+
+
+def test_update_mode_refuses_a_folder_pulseinfer_did_not_write(tmp_path):
+    for name, files in [("ud2", {"compute.csv": "x", "notes.txt": "notes"}), ("ud5", {"profile.yaml": "name: mine"})]:
+        out = tmp_path / name
+        out.mkdir()
+        for file, text in files.items():
+            (out / file).write_text(text)
+        for command in ("calibrate", "calibrate selection"):
+            with pytest.raises(UsageError, match=f"{out}: folder exists, is not empty and was not written"):
+                with results_folder(out, command=command, update=True):
+                    pytest.fail("ran before refusing")
+            assert _snapshot(out) == {file: text.encode() for file, text in files.items()}
+    assert _leftovers(tmp_path) == []
+    with pytest.raises(UsageError, match="pulseinfer simulate"):  # a simulate folder is not a calibration
+        mark_results(tmp_path / "sim", "simulate")
+        with results_folder(tmp_path / "sim", command="calibrate", update=True):
+            pytest.fail("ran before refusing")
+
+
+@pytest.mark.parametrize(
+    "argv", [["calibrate", "--device", "cpu", "--quick", "--out"], ["calibrate", "selection", "--out"]]
+)
+def test_calibrate_refuses_a_users_folder_before_measuring(tmp_path, capsys, argv):
+    pytest.importorskip("torch")
+    out = tmp_path / "ud"
+    out.mkdir()
+    (out / "compute.csv").write_text("x")
+    (out / "profile.yaml").write_text("name: mine\n")
+    _refused([*argv, str(out)], out, capsys)
+
+
+def test_calibrate_selection_may_add_to_a_calibrate_folder():
+    from pulseinfer.outdir import same_command
+
+    assert same_command("pulseinfer calibrate", "calibrate selection")
+    assert same_command("pulseinfer calibrate selection", "calibrate")
+    assert not same_command("pulseinfer simulate", "plot") and not same_command("", "simulate")
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-folder", "dangling"])
+def test_a_symbolic_link_as_out_is_refused_and_left_as_it_is(tmp_path, capsys, monkeypatch, dangling):
+    monkeypatch.setattr(sim.run, "simulate", lambda *a, **k: pytest.fail("simulated before checking --out"))
+    store = tmp_path / "proj" / "store"
+    if not dangling:
+        store.mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(store)
+    err = _refusal(_simulate(link), capsys)
+    assert err.startswith(f"error: --out {link}: is a symbolic link to {store}") and err.count("\n") == 1
+    assert ("does not exist" in err) == dangling
+    assert link.is_symlink() and os.readlink(link) == str(store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", *([] if dangling else ["proj"])]
+    if not dangling:
+        assert list(store.iterdir()) == []
+
+
+def test_files_written_into_the_old_folder_during_the_renames_leave_no_old_folder(tmp_path, capsys, monkeypatch):
+    import pulseinfer.outdir as outdir
+
+    out = tmp_path / "out"
+    with results_folder(out, command="simulate") as stage:
+        (stage / "a.csv").write_text("old")
+    clear = outdir._clear
+
+    def late_writer(old: Path, new: Path, claims) -> None:  # a user's file lands in the old folder meanwhile
+        (old / "previous" / "b.csv").write_text("mine")
+        clear(old, new, claims)
+
+    monkeypatch.setattr(outdir, "_clear", late_writer)
+    with results_folder(out, command="simulate") as stage:
+        (stage / "a.csv").write_text("new")
+        (stage / "b.csv").write_text("the run's")
+    (kept,) = out.glob("kept-*")
+    assert (kept / "b.csv").read_text() == "mine" and (out / "b.csv").read_text() == "the run's"
+    assert _leftovers(tmp_path) == [] and str(kept) in capsys.readouterr().err
+
+
+def test_a_failed_run_leaves_no_parent_folder_it_created(tmp_path, capsys, monkeypatch):
+    def fail(self, out_dir: Path) -> None:
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(sim.run.SimResult, "write", fail)
+    with pytest.raises(RuntimeError):
+        main(_simulate(tmp_path / "a" / "b" / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_search_refused_at_storage_or_out_creates_nothing(tmp_path, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  policy.pulseinfer.budget_tokens: {low: 512, high: 2048, step: 512}\n")
+    argv = ["search", "default", *[a for o in TINY for a in ("--set", o)], "--space", str(space), "--trials", "2"]
+    bad = f"sqlite:///{tmp_path / 'no_such_folder' / 'study.db'}"
+    err = _refusal([*argv, "--storage", bad, "--out", str(tmp_path / "deep" / "s1")], capsys)
+    assert err.startswith("error: --storage") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")  # a folder of the user's is not resumed, nor marked
+    _refused([*argv, "--out", str(mine)], mine, capsys)

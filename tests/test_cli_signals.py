@@ -1,5 +1,6 @@
-"""Nothing lost, nothing hung: Ctrl-C and SIGTERM stop every worker, keep what finished and exit 130 / 143 with one
-line; a closed --ray-address fails at once; a big run needs --yes; a damaged sweep cache record is recomputed.
+"""Nothing lost, nothing hung: Ctrl-C, SIGTERM and SIGHUP stop every worker, keep what finished and exit 130, 143
+or 129 with one line; a closed --ray-address fails at once; a big run needs --yes; a damaged sweep cache record is
+recomputed.
 
 The signal tests start the real CLI in a subprocess in its own session, wait until its work is under way (a sweep
 cache record, a completed search trial, plan's worker processes), send the signal to the main process only, then
@@ -9,6 +10,7 @@ guards only. Linux only (they read /proc).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,9 +88,9 @@ def _wait_for(condition, proc: subprocess.Popen, what: str) -> None:
         time.sleep(0.05)
 
 
-def _interrupt(argv: list[str], started, signum: int, what: str) -> tuple[int, list[str]]:
-    """Run the CLI, wait for ``started()``, send ``signum`` to its main process; (status, stderr lines) once the
-    session has no process left."""
+def _interrupt(argv: list[str], started, signum: int, what: str, workers: int = 2) -> tuple[int, list[str]]:
+    """Run the CLI, wait for ``started()`` and ``workers`` worker processes, send ``signum`` to its main process;
+    (status, stderr lines) once the session has no process left."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI, *argv, "--no-progress"],
         cwd=REPO,
@@ -98,12 +100,15 @@ def _interrupt(argv: list[str], started, signum: int, what: str) -> tuple[int, l
         text=True,
     )
     try:
-        _wait_for(lambda: _workers(proc.pid) >= 2 and started(), proc, what)
+        _wait_for(lambda: _workers(proc.pid) >= workers and started(), proc, what)
         os.kill(proc.pid, signum)
         _, err = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException:  # a failed wait: leave no process of the run behind either
+        proc.kill()
+        for pid in _session(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
     deadline = time.monotonic() + HANG_S
     while _session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -115,10 +120,11 @@ def _interrupt(argv: list[str], started, signum: int, what: str) -> tuple[int, l
 
 
 SIGNALS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+HANGUP = (getattr(signal, "SIGHUP", 1), 129, "hangup")  # the terminal or ssh session closed
 
 
 @LINUX
-@pytest.mark.parametrize("signum, status, line", SIGNALS)
+@pytest.mark.parametrize("signum, status, line", [*SIGNALS, HANGUP])
 def test_signal_stops_a_sweep_and_keeps_its_cache(tmp_path, signum, status, line):
     out = tmp_path / "sweep"
     records = lambda: list((out / "cache").glob("*/*.json"))  # noqa: E731
@@ -159,11 +165,12 @@ def test_signal_stops_a_search_and_keeps_its_journal(tmp_path, signum, status, l
 
 
 @LINUX
-@pytest.mark.parametrize("signum, status, line", SIGNALS)
+@pytest.mark.parametrize("signum, status, line", [*SIGNALS, HANGUP])
 def test_signal_stops_a_plan_and_leaves_no_staging_folder(tmp_path, signum, status, line):
     out = tmp_path / "plan"
-    sets = [*SETS, "--set", "workload.synthetic.num_requests=300", "--set", "workload.synthetic.rate_per_s=2"]
-    argv = ["plan", "default", *sets, "--policies", "sglang,pulseinfer", "--max-requests", "300"]
+    # a sample long enough that the plan is still running when the signal comes (it stops at once)
+    sets = [*SETS, "--set", "workload.synthetic.num_requests=3000", "--set", "workload.synthetic.rate_per_s=2"]
+    argv = ["plan", "default", *sets, "--policies", "sglang,pulseinfer", "--max-requests", "3000"]
     argv += ["--slo", "tpot_p99_ms=60", "--jobs", "2", "--out", str(out)]
     staged = lambda: list(tmp_path.glob(".plan.partial-*"))  # noqa: E731
     code, err = _interrupt(argv, lambda: bool(staged()), signum, "staging folder")
@@ -171,19 +178,51 @@ def test_signal_stops_a_plan_and_leaves_no_staging_folder(tmp_path, signum, stat
     assert list(tmp_path.iterdir()) == []  # no staging folder, and no half-written --out
 
 
-def test_sigterm_inside_a_command_exits_143_with_one_line_and_restores_the_handler(monkeypatch, capsys):
+@LINUX
+def test_hangup_stops_a_simulate_and_leaves_no_staging_folder(tmp_path):
+    out = tmp_path / "sim"
+    sets = [*SETS, "--set", "workload.synthetic.num_requests=20000"]  # outlasts the wait
+    staged = lambda: list(tmp_path.glob(".sim.partial-*"))  # noqa: E731
+    argv = ["simulate", "default", *sets, "--summary-only", "--out", str(out)]
+    code, err = _interrupt(argv, lambda: bool(staged()), HANGUP[0], "staging folder", workers=0)
+    assert (code, err) == (HANGUP[1], [HANGUP[2]])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum, status, line", [SIGNALS[1], HANGUP])
+def test_a_signal_inside_a_command_exits_with_one_line_and_restores_the_handler(
+    monkeypatch, capsys, signum, status, line
+):
     import pulseinfer.commands.trace as trace
 
     def run(args):
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signum)
         time.sleep(HANG_S)  # the signal interrupts this
         return 0
 
     monkeypatch.setattr(trace, "run", run)
-    before = signal.getsignal(signal.SIGTERM)
-    assert main(["trace", "stats"]) == 143
-    assert capsys.readouterr().err == "terminated\n"
-    assert signal.getsignal(signal.SIGTERM) is before
+    before = signal.getsignal(signum)
+    assert main(["trace", "stats"]) == status
+    assert capsys.readouterr().err == f"{line}\n"
+    assert signal.getsignal(signum) is before
+
+
+def test_an_ignored_hangup_stays_ignored(monkeypatch, capsys):
+    """``nohup pulseinfer ...`` starts with SIGHUP ignored: the run goes on when the terminal closes."""
+    import pulseinfer.commands.trace as trace
+
+    def run(args):
+        os.kill(os.getpid(), HANGUP[0])
+        return 0
+
+    monkeypatch.setattr(trace, "run", run)
+    previous = signal.signal(HANGUP[0], signal.SIG_IGN)
+    try:
+        assert main(["trace", "stats"]) == 0
+        assert signal.getsignal(HANGUP[0]) is signal.SIG_IGN
+    finally:
+        signal.signal(HANGUP[0], previous)
+    assert capsys.readouterr().err == ""
 
 
 def test_a_failed_task_stops_the_other_workers_at_once():

@@ -81,9 +81,20 @@ def check_positive(value: float | None, flag: str, unit: str) -> None:
         raise UsageError(f"{flag} {value}: expected a finite number > 0 ({unit})")
 
 
-def check_out_folder(out, flag: str = "--out", update: bool = False) -> None:
-    """Raise UsageError before any work if ``out`` cannot be written whole (``pulseinfer.outdir.check_writable``:
-    a file, a foreign non-empty folder, or an unwritable parent)."""
+SEED_LIMIT = 2**32  # numpy's and Optuna's samplers take seeds in [0, 2**32)
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """Raise UsageError, naming the flag and the value, unless ``0 <= seed < 2**32`` (what numpy's ``RandomState``,
+    hence Optuna's samplers, accept; torch's generators take the same range). Call it before any work or output."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise UsageError(f"{flag} {seed}: expected an integer in [0, 2**32)")
+
+
+def check_out_folder(out, command: str, flag: str = "--out") -> None:
+    """Raise UsageError before any work if ``command`` cannot write ``out`` whole (``pulseinfer.outdir.check_writable``:
+    a file, a symbolic link, a folder another command wrote, a foreign non-empty folder, or an unwritable parent).
+    Creates nothing."""
     from pulseinfer.outdir import check_writable
 
-    check_writable(out, flag, update)
+    check_writable(out, command, flag)

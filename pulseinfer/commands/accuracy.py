@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, import_torch, int_list
+from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
@@ -57,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     torch = import_torch()
     budgets, selections = _parse_lists(args)
     from calibrate.accuracy import AccuracySettings, evaluate_accuracy, format_accuracy, num_work_units
@@ -113,7 +114,7 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         expected = ", ".join(ACCURACY_SELECTIONS)
         raise UsageError(f"--selections {args.selections}: unknown {unknown}; expected 'all' or some of {expected}")
     lows = [("--context", args.context, 1), ("--steps", args.steps, 1), ("--threads", args.threads, 1)]
-    lows += [("--dense-layers", args.dense_layers, 0), ("--seed", args.seed, 0)]
+    lows += [("--dense-layers", args.dense_layers, 0)]  # --seed: check_seed in run
     for flag, value, low in lows:
         if value < low:
             raise UsageError(f"{flag} {value}: must be >= {low}")
@@ -124,7 +125,7 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
             f"--context {args.context}: must be >= {least} tokens (sink {layout.sink_tokens} + recent "
             f"{layout.recent_tokens} + one block to select)"
         )
-    check_out_folder(args.out)
+    check_out_folder(args.out, "accuracy")
     return budgets, selections
 
 

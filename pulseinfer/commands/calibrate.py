@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
+from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
@@ -63,11 +63,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     if args.what == "selection":
         return _run_selection(args)
     torch = import_torch()
     device = resolve_device(args.device, torch)
-    check_out_folder(args.out, update=True)
+    check_out_folder(args.out, "calibrate")
     for flag, value in (("--layers", args.layers), ("--scale", args.scale), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be >= 1")
@@ -135,7 +136,7 @@ def _selection_kwargs(args: argparse.Namespace) -> dict:
     torch = import_torch()
     torch.set_num_threads(threads)  # 2 threads on a shared 2-core machine stall each other (docs/sources.md §8)
     out = args.selection_out or args.out
-    check_out_folder(out, update=True)
+    check_out_folder(out, "calibrate selection")
     budgets = int_list(args.budgets, "--budgets", 16)
     from calibrate.accuracy import DEFAULT_LAYOUT
 

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     specs = [load_case(path) for path in select_cases(only)]
-    check_out_folder(args.out)
+    check_out_folder(args.out, "cases")
     mark_results(args.out, "cases", files=["cases.csv"])  # creates OUT, marked as pulseinfer's
     started = time.perf_counter()
     rows = []

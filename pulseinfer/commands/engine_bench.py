@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, import_torch, resolve_device
+from pulseinfer.commands import check_out_folder, check_seed, import_torch, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 
@@ -36,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     torch = import_torch()
     from calibrate.bench_recall import format_table, run_bench
 
@@ -58,7 +59,7 @@ def _settings(args: argparse.Namespace, torch):
 
     from calibrate.bench_recall import BenchSettings, quick_settings
 
-    check_out_folder(args.out)
+    check_out_folder(args.out, "engine-bench")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: must be >= 1")
     device = resolve_device(args.device, torch)

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         check_plan(cfg, args.jobs)
         check_backend(args.backend, args.jobs, args.ray_address)
     big = _check_size(cfg, args)  # a big plan is refused before --out is touched
-    check_out_folder(args.out)  # results_folder checks it too: an unusable --out fails before the announcement
+    check_out_folder(args.out, "plan")  # results_folder checks it too: an unusable --out fails before the announcement
     announce(big)
     started = time.perf_counter()
     with (

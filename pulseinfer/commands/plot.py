@@ -56,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.results_dir.is_dir():  # before the figure folder (inside it, by default) is created
         state = "not a folder" if args.results_dir.exists() else "no such folder"
         raise NotADirectoryError(f"{args.results_dir}: {state}")
+    if out.resolve() == args.results_dir.resolve():  # its tables would give way to the figures
+        raise UsageError(
+            f"--out {args.out}: is RESULTS_DIR itself; the figures need a folder of their own "
+            f"(default {args.results_dir / 'plots'})"
+        )
     with results_folder(out, command="plot") as stage:  # replaces the figures of the previous plot, keeps the rest
         written = plot_results(args.results_dir, stage, formats, dpi=args.dpi)  # OSError for a bad RESULTS_DIR
     print(f"{len(written)} figure file(s) in {out}/")

@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 from pulseinfer.bigrun import Pace, add_yes, announce, check_size
-from pulseinfer.commands import add_overrides, check_out_folder
+from pulseinfer.commands import add_overrides, check_out_folder, check_seed
 from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
 from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
 # run_search argument or SearchConfig field → the flag that sets it (sim.study.search.SearchError names the field)
 FLAGS = {"total_trials": "--trials", "jobs": "--jobs", "study_name": "--study", "accuracy": "--accuracy",
-         "slo": "--slo", "objective": "--objective"}  # fmt: skip
+         "slo": "--slo", "objective": "--objective", "storage": "--storage"}  # fmt: skip
 
 EPILOG = """\
 The space file names dotted scenario keys with {low, high[, log, step]} or {choices: [...]}; the
@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.study.search import check_run_args, run_search
     from sim.study.search_results import collect_results
 
+    check_seed(args.seed)
     with flag_names(FLAGS):
         check_run_args(args.trials, args.jobs)  # before the scenario loads and OUT is made
         cfg = _config(args)
@@ -123,7 +124,7 @@ def _config(args: argparse.Namespace):
     """Validate every input (scenario, SLO, space, storage) before any trial runs."""
     from sim.config.loader import DEFAULT_SCENARIO, load_scenario
     from sim.study.accuracy import AccuracySlo, load_accuracy_table, split_slo
-    from sim.study.search import SearchConfig, open_storage
+    from sim.study.search import SearchConfig, check_journal_file
     from sim.study.slo import parse_slo, slo_from_scenario
     from sim.study.space import check_space, load_space
 
@@ -138,16 +139,17 @@ def _config(args: argparse.Namespace):
     space = load_space(args.space)
     check_space(space, scenario, [*args.overrides, *slo.scenario_overrides()])
     study_name = args.study or f"{base.name}-{space.policy}-{args.objective}"
+    if args.storage and "://" not in args.storage:
+        check_journal_file(args.storage)  # a file that is not a journal: refused untouched, before OUT is made
     big = _check_size(args, study_name)  # a big search is refused before OUT is made
-    check_out_folder(args.out, update=True)  # the study journal in OUT resumes: checked for writing, kept
+    check_out_folder(args.out, "search")  # the study journal in OUT resumes: a re-run of search uses OUT again
+    storage = args.storage or str(args.out / "study.journal")
+    if args.storage:  # opened before OUT is made: a refused --storage leaves nothing behind
+        _open_storage(storage)
     journal = [] if args.storage else ["study.journal", "study.journal.lock"]  # .lock: while a worker writes
     mark_results(args.out, "search", files=["trials.csv", "pareto.csv", "best.yaml", *journal])  # creates OUT
-    storage = args.storage or str(args.out / "study.journal")
-    try:
-        open_storage(storage)
-    except Exception as exc:  # noqa: BLE001 -- drivers raise many types; all mean "cannot open"
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise UsageError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
+    if not args.storage:
+        _open_storage(storage)
     announce(big)  # every input checked: the size, before any trial runs
     return SearchConfig(
         scenario=str(scenario),
@@ -160,6 +162,19 @@ def _config(args: argparse.Namespace):
         seed=args.seed,
         accuracy=accuracy,
     )
+
+
+def _open_storage(storage: str) -> None:
+    """Open (a journal file: create) the study storage; UsageError naming --storage if it cannot be opened."""
+    from sim.study.search import SearchError, open_storage
+
+    try:
+        open_storage(storage)
+    except SearchError:
+        raise  # names --storage through FLAGS
+    except Exception as exc:  # noqa: BLE001 -- drivers raise many types; all mean "cannot open"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(f"--storage {storage}: cannot open ({exc.__class__.__name__}: {first})") from None
 
 
 def _check_size(args: argparse.Namespace, study_name: str) -> str | None:

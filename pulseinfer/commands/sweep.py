@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg.accuracy is not None:
             cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
         total = len(points)
-        check_out_folder(args.out)
+        check_out_folder(args.out, "sweep")
         announce(big)  # every input checked: the size, before anything runs
         # a results folder pulseinfer writes in place: a re-run uses it again (its cache/ is what makes re-runs cheap)
         tables = ["sweep.csv", *(["compare.csv", f"compare_{compare[2]}.png"] if compare else [])]

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, import_torch, int_list, resolve_device
+from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     torch = import_torch()
     from calibrate.validate import prepare, speed_drift, validate
     from sim.config.profiles import load_profile
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"--profile {args.profile}: has no {', '.join(missing)}; run `pulseinfer calibrate` first")
     device = resolve_device(args.device or str(profile.metadata.get("device") or "") or None, torch)
-    check_out_folder(args.out)
+    check_out_folder(args.out, "validate")
     policies, workload = _policies_and_workload(args)
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: must be >= 1")

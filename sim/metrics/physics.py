@@ -7,7 +7,9 @@ correct simulation can break (:class:`PhysicsBounds`, from the policy's card and
 * ``link_gbps_achieved`` ≤ the fastest rate the link model charges (the H2D bandwidth, the top of a measured
   size table, or the GPU-gather kernel's rate);
 * fractions in [0, 1]: ``recall_miss_frac``, ``stall_frac``, ``offloaded_frac``, ``prefix_hit_frac`` and the
-  busy fractions of the link, host gather, D2H queue and prefill (a resource is busy at most all the time);
+  busy fractions of the link, host gather, D2H queue and prefill (a resource is busy at most all the time). A busy
+  fraction may be NaN only in a run that issued no request (``duration_s`` NaN: nothing arrived before the
+  horizon), and then must be; every other fraction is always defined;
 * TPOT (``tpot_*`` and ``tpot_client_*``) ≥ the least time one decode step can take (:func:`min_step_s`:
   overhead + layers + LM head for one request attending one token): a request's second to last tokens each
   come out of a decode step.
@@ -21,6 +23,7 @@ that float64 seconds stop resolving it (sim/config/checks.py ``clock_problem``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,7 @@ FRACTIONS = (
     "recall_miss_frac", "stall_frac", "offloaded_frac", "prefix_hit_frac", "link_busy_frac", "gather_busy_frac",
     "d2h_busy_frac", "prefill_busy_frac",
 )  # fmt: skip
+PER_DURATION = ("link_busy_frac", "gather_busy_frac", "d2h_busy_frac", "prefill_busy_frac")  # busy time / duration
 TPOTS = ("tpot_mean_s", "tpot_p50_s", "tpot_p99_s", "tpot_client_mean_s", "tpot_client_p99_s")
 
 
@@ -103,7 +107,8 @@ def bounds_of(policy: Policy) -> PhysicsBounds:
 
 def physics_violations(summary: dict, bounds: PhysicsBounds) -> list[Violation]:
     """Every bound ``summary`` (a summary row) breaks, in the order of the module docstring; NaN (undefined, e.g.
-    TPOT with no request of two tokens) passes the TPOT bound but not a fraction, which is always defined."""
+    TPOT with no request of two tokens) passes the TPOT bound but not a fraction, which is always defined, except a
+    busy fraction (:data:`PER_DURATION`) of a run that issued nothing (``duration_s`` NaN), which must be NaN."""
     out = []
     peak = summary["peak_hbm_gib"]
     if not peak <= bounds.hbm_gib * (1 + REL_TOL):
@@ -111,8 +116,13 @@ def physics_violations(summary: dict, bounds: PhysicsBounds) -> list[Violation]:
     link = summary["link_gbps_achieved"]
     if not link <= bounds.link_gbps * (1 + REL_TOL):
         out.append(Violation("link_gbps_achieved <= the link's peak GB/s", link, bounds.link_gbps))
+    no_window = math.isnan(summary["duration_s"])  # no request issued: no duration to divide by
     for name in FRACTIONS:
         value = summary[name]
+        if name in PER_DURATION and no_window:
+            if not math.isnan(value):
+                out.append(Violation(f"{name} is NaN when duration_s is (nothing issued)", value, math.nan))
+            continue
         if not -REL_TOL <= value <= 1 + REL_TOL:
             out.append(Violation(f"0 <= {name} <= 1", value, 0.0 if value < 0 else 1.0))
     for name in TPOTS:

@@ -51,9 +51,31 @@ def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
     return pd.DataFrame(cols).to_string(index=False)
 
 
+BACKLOG_NOTE_FRAC = 0.01  # a D2H backlog above this fraction of the run's duration is worth a line
+
+
 def format_summary(summary: pd.DataFrame) -> str:
-    """The summary as two aligned text tables with units in the headers (ms for TPOT, % for fractions)."""
-    return _table(summary, SERVICE) + "\n\n" + _table(summary, MEMORY_IO)
+    """The summary as two aligned text tables with units in the headers (ms for TPOT, % for fractions), then a
+    ``note:`` line for each of :func:`summary_notes`."""
+    notes = "".join(f"\nnote: {line}" for line in summary_notes(summary))
+    return _table(summary, SERVICE) + "\n\n" + _table(summary, MEMORY_IO) + ("\n" + notes if notes else "")
+
+
+def summary_notes(summary: pd.DataFrame) -> list[str]:
+    """What the tables alone would hide: policies whose run issued no request before the horizon (every rate and
+    fraction undefined), and D2H offload writes still queued when the run ended (``d2h_backlog_s`` above
+    :data:`BACKLOG_NOTE_FRAC` of the duration: the link could not keep up, and that work is not in ``D2H busy %``)."""
+    notes = []
+    if "duration_s" in summary:
+        idle = summary.loc[summary["duration_s"].isna(), "policy"].tolist()
+        if idle:
+            notes.append(f"nothing arrived before the horizon ({', '.join(idle)}): no rate or busy fraction is defined")
+    if "d2h_backlog_s" in summary:
+        late = summary[summary["d2h_backlog_s"] > BACKLOG_NOTE_FRAC * summary["duration_s"]]
+        if len(late):
+            each = ", ".join(f"{p} {s:.1f} s" for p, s in zip(late["policy"], late["d2h_backlog_s"]))
+            notes.append(f"D2H offload writes still queued at the end of the run (d2h_backlog_s): {each}")
+    return notes
 
 
 def rejection_lines(requests: pd.DataFrame, max_seq_len: int, kv_pool_gib: float) -> list[str]:

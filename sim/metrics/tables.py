@@ -5,12 +5,17 @@ Definitions :
 * ``ttft_s`` = first token − arrival; ``e2e_s`` = finish − arrival;
 * ``tpot_s`` = (e2e − ttft) / (output tokens − 1), undefined (NaN) for requests with < 2 output tokens;
 * ``decode_tokens_per_s`` = tokens sampled by decode steps / duration, where duration runs from the
-  first arrival to the last finish (or to the horizon, when the run is cut);
+  first arrival to the last finish (or to the horizon, when the run is cut). A run that issued no request (a
+  session trace whose first think time reaches past the horizon) has no duration: ``duration_s`` and every
+  per-duration rate and busy fraction are NaN (undefined), the other ratios 0 as for any empty denominator;
 * ``goodput_requests_per_s`` = finished requests meeting every SLO bound that is set / duration;
 * ``mean_batch`` = mean decode batch size over decode steps; ``link_busy_frac`` = H2D busy time (copies or
   GPU gather kernels; never host gather) / duration; ``gather_busy_frac`` = host-gather busy time /
-  duration; ``d2h_busy_frac`` = D2H offload-write time / duration; ``stall_frac`` = GPU time waiting on
-  recalls / decode time;
+  duration; ``d2h_busy_frac`` = D2H offload-write time within the run / duration; ``stall_frac`` = GPU time
+  waiting on recalls / decode time;
+* ``d2h_backlog_s`` = D2H offload-write time still queued when the run ends (the queue has no back-pressure, so
+  writes queued faster than the link drains them run on past the end: its last busy stretch is contiguous and ends
+  at the queue's end, so the time within the run is the time queued minus this backlog);
 * ``peak_hbm_gib`` = weights + reserve + the peak KV pool use (2**30 bytes);
 * ``recall_miss_frac`` = fragments recalled / fragments selected over all decode steps (1 for full offload);
 * ``prefix_hit_frac`` = prompt tokens served from the prefix cache at first admission / prompt tokens of
@@ -50,8 +55,8 @@ SUMMARY_COLUMNS = [
     "ttft_p50_s", "ttft_p99_s", "goodput_requests_per_s", "mean_batch", "link_busy_frac", "peak_hbm_gib",
     "stall_frac", "offloaded_frac", "num_preemptions", "prefill_busy_frac", "duration_s", "recall_gb_per_step",
     "fragments_per_step", "link_gbps_achieved", "recall_miss_frac", "gather_busy_frac", "d2h_busy_frac",
-    "prefix_hit_frac", "ttft_client_p50_s", "ttft_client_p99_s", "tpot_client_mean_s", "tpot_client_p99_s",
-    "decode_queue_wait_mean_s", "decode_queue_wait_p99_s",
+    "d2h_backlog_s", "prefix_hit_frac", "ttft_client_p50_s", "ttft_client_p99_s", "tpot_client_mean_s",
+    "tpot_client_p99_s", "decode_queue_wait_mean_s", "decode_queue_wait_p99_s",
 ]  # fmt: skip
 LAYER_COLUMNS = ["layer", "recall_bytes", "fragments", "stall_s"]
 LAYER_RECALL_COLUMNS = ["time_s", "layer", "recall_bytes"]
@@ -166,8 +171,10 @@ def summarize(
         fixed_hbm_bytes: weights + reserve; block_bytes: bytes of one device-pool block.
         peak_blocks: the device pool's peak use (``Pool.peak``), in blocks.
     """
-    start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
-    duration = max(end_s - start_s, 1e-12)
+    issued = requests["arrival_s"].dropna()  # a session's request never issued before the horizon has no arrival
+    start_s = float(issued.min()) if len(issued) else np.nan
+    d2h_backlog_s = max(0.0, rec.d2h_free_s - end_s) if rec.d2h_busy_s else 0.0
+    duration = max(end_s - start_s, 1e-12) if len(issued) else np.nan  # nothing issued: no window, no rate
     done = requests[requests["finished"]]
     tpot = done["tpot_s"].dropna()
     t = rec.totals
@@ -200,7 +207,8 @@ def summarize(
         "link_gbps_achieved": float(t.decode_recall_bytes) / rec.link_busy_s / 1e9 if rec.link_busy_s else 0.0,
         "recall_miss_frac": _ratio(t.decode_fragments, t.decode_selected_fragments),
         "gather_busy_frac": rec.gather_busy_s / duration,
-        "d2h_busy_frac": rec.d2h_busy_s / duration,
+        "d2h_busy_frac": (rec.d2h_busy_s - d2h_backlog_s) / duration,
+        "d2h_backlog_s": d2h_backlog_s,
         **_client_view(requests, done, pct),
     }
 

@@ -20,7 +20,8 @@ Backends:
 A task that raises re-raises its exception here (the first failure to come back).
 
 Stopping. Whatever leaves a pool early (a task's exception, Ctrl-C's ``KeyboardInterrupt``, or the CLI's SIGTERM
-exception, a ``KeyboardInterrupt`` subclass) stops its workers at once instead of waiting for their tasks:
+and SIGHUP exceptions, ``KeyboardInterrupt`` subclasses) stops its workers at once instead of waiting for their
+tasks:
 
 1. each worker gets SIGTERM; in a task it raises ``KeyboardInterrupt`` there, so the task's ``finally`` and
    ``with`` blocks run (an Optuna trial is marked failed, a journal lock released), then the worker exits;
@@ -29,9 +30,10 @@ exception, a ``KeyboardInterrupt`` subclass) stops its workers at once instead o
    left, multiprocessing's resource tracker exits too;
 3. Ray: every pending task is cancelled, and a Ray this process started is shut down.
 
-SIGINT and SIGTERM that arrive while the workers stop are delivered once they have stopped (a second Ctrl-C
-cannot cut the stop short). Workers ignore SIGINT: the terminal's Ctrl-C reaches the whole process group, and the
-parent alone decides what stops. Results that came back before the stop were already handed to ``on_done``.
+SIGINT, SIGTERM and SIGHUP that arrive while the workers stop are delivered once they have stopped (a second
+Ctrl-C cannot cut the stop short). Workers ignore SIGINT and SIGHUP: the terminal's Ctrl-C and hangup reach the
+whole process group, and the parent alone decides what stops. Results that came back before the stop were already
+handed to ``on_done``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from typing import Any
 
 BACKENDS = ("local", "ray")
 RAY_EXTRA = "pip install -e '.[ray]'"
+# signals held while workers stop (SIGHUP: POSIX only)
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
 STOP_GRACE_S = 10.0  # a stopped worker's time to unwind its task before it is killed
 RAY_CONNECT_TIMEOUT_S = 5.0  # the probe of an explicit --ray-address
 POLL_S = 0.5  # how often a waiting pool calls its ``on_wait``
@@ -215,29 +219,33 @@ class WorkerPool:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM that arrive inside the block are delivered when it ends (so a second Ctrl-C cannot cut
-    a stop short and leave workers behind); only in the main thread, where Python runs signal handlers."""
+    """SIGINT, SIGTERM and SIGHUP that arrive inside the block are delivered when it ends (so a second Ctrl-C cannot
+    cut a stop short and leave workers behind); only in the main thread, where Python runs signal handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in HELD_SIGNALS}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-    if caught:
-        signal.raise_signal(caught[0])  # the handler restored above acts on it (KeyboardInterrupt, the CLI's SIGTERM)
+    for signum in caught:  # the first one not ignored (SIGHUP under nohup) is acted on by the handler restored above
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.raise_signal(signum)  # KeyboardInterrupt, the CLI's Terminated or HungUp
+            break
 
 
 _in_task = False  # worker processes: whether a task is running (SIGTERM then unwinds it before exiting)
 
 
 def _init_worker() -> None:
-    """Worker initializer: ignore SIGINT (the parent decides), turn SIGTERM into a stop (:func:`_on_stop`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Worker initializer: ignore SIGINT and SIGHUP (the parent decides), turn SIGTERM into a stop
+    (:func:`_on_stop`)."""
+    for signum in HELD_SIGNALS:
+        if signum != signal.SIGTERM:
+            signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_stop)
 
 
@@ -303,10 +311,11 @@ def _run_ray(fn, tasks, jobs: int, ray_address: str | None, on_done) -> list[Any
 
 
 def _init_ray(ray, jobs: int, ray_address: str | None) -> None:
-    """``ray.init`` (join ``ray_address`` or start a local Ray), keeping this process's SIGTERM handler: Ray
-    installs its own (``sys.exit(15)``), which would skip the CLI's status 143 and its cleanup."""
+    """``ray.init`` (join ``ray_address`` or start a local Ray), keeping this process's SIGTERM and SIGHUP
+    handlers: Ray installs its own SIGTERM one (``sys.exit(15)``), which would skip the CLI's status 143 and its
+    cleanup."""
     main_thread = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    handlers = {s: signal.getsignal(s) for s in HELD_SIGNALS if s != signal.SIGINT} if main_thread else {}
     try:
         if ray_address:
             ray.init(address=ray_address, log_to_driver=False)
@@ -315,8 +324,9 @@ def _init_ray(ray, jobs: int, ray_address: str | None) -> None:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ExecutorError(f"cannot start or join Ray ({ray_address or 'local'}): {exc}", "ray_address") from None
     finally:
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def _ray_get(ray, ref) -> Any:

@@ -30,6 +30,7 @@ a fresh study the sampler seed is a function of ``cfg.seed``, so the whole searc
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import warnings
@@ -155,11 +156,44 @@ class SimulationEvaluator:
         return {**summary, **{k: accuracy[k] for k in ACCURACY_OUTPUTS if k in accuracy}}
 
 
+def check_journal_file(path: str) -> None:
+    """Raise SearchError (field ``storage``) unless ``path`` is absent, an empty file, or an Optuna journal (its first
+    line a JSON object with an ``op_code``). Reads at most the first line; never creates or changes the file, so a
+    file that is not a journal is left exactly as it was (Optuna would append its own lines to it)."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isfile(path):
+        raise SearchError(f"{path} is not a file; expected an Optuna journal file or an RDB URL", "storage")
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)  # a journal line is a few KiB at most
+    except OSError as exc:
+        raise SearchError(f"{path}: cannot read ({exc.strerror})", "storage") from None
+    if not first:
+        return  # empty: a fresh journal
+    try:
+        record = json.loads(first)
+    except ValueError:  # not JSON, or not UTF-8
+        record = None
+    if not (isinstance(record, dict) and "op_code" in record):
+        raise SearchError(
+            f"{path} is not an Optuna journal (its first line is not a JSON object with an op_code); give a new or "
+            "empty file, a study journal, or an RDB URL (the file is left as it is)",
+            "storage",
+        )
+
+
 def open_storage(storage: str) -> optuna.storages.BaseStorage:
     """An Optuna storage: an RDB URL (``sqlite:///x.db``, ``postgresql://user:pw@host/db``) or a journal
-    file path (created if missing; safe for several processes on one file system)."""
+    file path (created if missing; safe for several processes on one file system).
+
+    Raises:
+        SearchError: a journal path that holds something other than an Optuna journal (:func:`check_journal_file`;
+            the file is left untouched).
+    """
     if "://" in storage:
         return optuna.storages.RDBStorage(storage)
+    check_journal_file(storage)
     try:
         from optuna.storages.journal import JournalFileBackend
     except ImportError:  # optuna < 4.0

@@ -11,7 +11,8 @@
    bytes (when the workload reads one) and :func:`code_version` (the package version and a digest of the
    ``sim`` and ``traces`` sources). Records live in ``out_dir/cache/<key[:2]>/<key>.json``; a rerun with one
    more grid value simulates only the new points, and any change of scenario, card, preset or code makes new keys.
-   A record file that is not a valid record is reported and its point simulated again (:class:`PointCache`).
+   A record file that is not a valid record, or whose metrics break a physics bound (as a run's own check would,
+   :mod:`sim.metrics.physics`), is reported and its point simulated again (:class:`PointCache`).
 3. Missing points are grouped by (grid values, seed), so a group's policies share one workload, and run on
    :func:`sim.study.executors.run_tasks` (local processes or Ray). Results come back to this process, which
    alone writes the cache, each group as it finishes, so remote workers need no shared file system, and Ctrl-C
@@ -26,6 +27,7 @@ The table does not depend on the backend, the job count or the order points fini
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -46,6 +48,8 @@ import yaml
 import traces
 from sim.config import Scenario, load_scenario
 from sim.metrics import SUMMARY_COLUMNS
+from sim.metrics.physics import PhysicsBounds, bounds_of, physics_violations
+from sim.policies import make_policy
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.accuracy import AccuracySlo, accuracy_columns, output_columns
@@ -228,7 +232,8 @@ class PointCache:
     """JSON records under ``root/<key[:2]>/<key>.json``; each written to a temp file and renamed into place.
 
     A record is ``{"metrics": {column: number or null, ...}, "error": str}`` with every :data:`METRIC_COLUMNS`
-    entry. A file that is not one (damaged, hand-edited, or not JSON) is reported to ``on_invalid`` (default: a
+    entry. A file that is not one (damaged, hand-edited, or not JSON), or whose metrics break a physics bound of the
+    point's policy, is reported to ``on_invalid`` (default: a
     ``RuntimeWarning``) and read as missing, so its point is simulated again and the file rewritten.
     """
 
@@ -239,8 +244,13 @@ class PointCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The record stored under ``key``; None when there is none or it is not a valid record (reported)."""
+    def get(self, key: str, bounds: Callable[[], PhysicsBounds] | None = None) -> dict[str, Any] | None:
+        """The record stored under ``key``; None when there is none or it is not a valid record (reported).
+
+        Args:
+            bounds: the physics bounds of the point's policy (called only for a well-formed record with metrics):
+                a record whose metrics break one (:func:`physics_problem`) is not valid either.
+        """
         path = self.path(key)
         try:
             record = json.loads(path.read_text())
@@ -250,6 +260,8 @@ class PointCache:
             problem: str | None = "is not valid JSON"
         else:
             problem = record_problem(record)
+            if problem is None and bounds is not None and not record["error"]:
+                problem = physics_problem(record["metrics"], bounds())
         if problem:
             self.on_invalid(f"sweep cache record {path} {problem}; simulating its point again")
             return None
@@ -285,8 +297,24 @@ def record_problem(record: Any) -> str | None:
     return None
 
 
+def physics_problem(metrics: dict[str, Any], bounds: PhysicsBounds) -> str | None:
+    """Why a record's ``metrics`` (null = NaN) could not come from a correct simulation
+    (:func:`sim.metrics.physics.physics_violations`: fractions in [0, 1], peak HBM within the card, link rate within
+    its peak, TPOT at least one decode step), or None."""
+    found = physics_violations({k: math.nan if v is None else v for k, v in metrics.items()}, bounds)
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"breaks a physics bound: {found[0].check}, measured {found[0].measured:.6g}{more}"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _bounds(point: Point) -> PhysicsBounds:
+    """The physics bounds of ``point``'s policy on its scenario (its card and compute model)."""
+    return bounds_of(make_policy(point.scenario, point.policy))
 
 
 def run_sweep(
@@ -315,7 +343,7 @@ def run_sweep(
     if cfg.accuracy is not None:
         cfg.accuracy.check_points([(p.scenario, p.policy) for p in points])
     cache = PointCache(out_dir / "cache", on_invalid)
-    records = {p.key: cache.get(p.key) for p in points}
+    records = {p.key: cache.get(p.key, functools.partial(_bounds, p)) for p in points}
     missing = list({p.key: p for p in points if records[p.key] is None}.values())
     num_cached = len(points) - len(missing)
     if on_point:

@@ -127,3 +127,43 @@ def test_simulate_with_a_bad_format_fails_before_simulating(tmp_path, capsys):
     assert main(_simulate_args(tmp_path / "run", "--plots", "--format", "gif")) == EXIT_BAD_INPUT
     assert "--format" in _one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
+
+
+STEPS_FIGURES = ["link_utilisation", "memory_over_time", "recall_per_step", "throughput_over_time"]
+ABLATION, INF = ["ablation_bars"], float("inf")
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "problem", "figures"),
+    [
+        ("steps", "duration_s", float("nan"), "steps column duration_s holds NaN", STEPS_FIGURES),
+        ("steps", "duration_s", INF, "steps column duration_s holds an infinite value", STEPS_FIGURES),
+        ("steps", "start_s", -1e308, "steps column start_s holds a negative time (-1e+308 s)", STEPS_FIGURES),
+        ("summary", "decode_tokens_per_s", INF, "summary column decode_tokens_per_s holds an infinite value", ABLATION),
+        ("requests", "tpot_s", -INF, "requests column tpot_s holds an infinite value", ["tpot_cdf", "ttft_cdf"]),
+    ],
+)
+def test_a_table_with_values_no_run_writes_skips_its_figures_with_a_note(
+    tmp_path, requests_df, steps_df, summary_df, table, column, value, problem, figures
+):
+    """Issue 30: NaN, inf or -1e308 in a table gave Tracebacks (``cannot convert float NaN to integer``, ``Maximum
+    allowed size exceeded``, ``Axis limits cannot be NaN or Inf``)."""
+    tables = {"requests": requests_df, "steps": steps_df, "summary": summary_df}
+    tables[table].loc[:, column] = value
+    for name, df in tables.items():
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    notes: list[str] = []
+    written = plot_results(tmp_path, tmp_path / "figs", ["png"], note=notes.append)
+    for figure in figures:
+        assert f"skipped {figure}: cannot draw {table}.csv: {problem}" in notes
+    assert not {p.stem for p in written} & set(figures)
+    assert len(written) + len(notes) == len(FIGURES)
+
+
+def test_nan_where_a_value_can_be_undefined_is_drawn(tmp_path, requests_df, summary_df):
+    # a policy whose run issued nothing has NaN throughput; a request of one token has no TPOT (the fixture's)
+    summary_df.loc[1, "decode_tokens_per_s"] = float("nan")
+    summary_df.to_csv(tmp_path / "summary.csv", index=False)
+    requests_df.to_csv(tmp_path / "requests.csv", index=False)
+    written = plot_results(tmp_path, tmp_path / "figs", ["png"], note=lambda _: None)
+    assert {"ablation_bars", "tpot_cdf", "ttft_cdf"} <= {p.stem for p in written}

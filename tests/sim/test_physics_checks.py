@@ -3,6 +3,7 @@ lose precision, or a recall cache that cannot exist, are refused before the run.
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -12,6 +13,7 @@ from sim.config import ScenarioError, load_scenario
 from sim.config.checks import CLOCK_EXACT_STEPS, clock_problem
 from sim.metrics.physics import (
     FRACTIONS,
+    PER_DURATION,
     TPOTS,
     PhysicsBounds,
     PhysicsError,
@@ -78,7 +80,7 @@ BOUNDS = PhysicsBounds(hbm_gib=140.4, link_gbps=55.0, min_step_s=0.0076)
 # A fabricated summary row inside every bound, and one impossible value per bound.
 GOOD = {
     "policy": "pulseinfer", "peak_hbm_gib": 80.0, "link_gbps_achieved": 54.0, **dict.fromkeys(FRACTIONS, 0.5),
-    **dict.fromkeys(TPOTS, 0.009),
+    **dict.fromkeys(TPOTS, 0.009), "duration_s": 10.0,
 }  # fmt: skip
 # (summary column, an impossible value, the check named, the bound named)
 VIOLATIONS = [
@@ -222,3 +224,87 @@ def test_hardware_rate_outside_physical_range_is_refused_naming_field_value_and_
     with pytest.raises(ScenarioError) as exc:
         load_scenario("default", [override])
     assert str(exc.value).startswith(f"{key}: {float(value):g}") and "outside the physical range [" in str(exc.value)
+
+
+# ---- the D2H queue has no back-pressure: work queued past the end of the run is a backlog, not busy time --------
+
+
+SLOW_D2H = ["workload.max_requests=20", "hardware.d2h_bandwidth_gbps=0.01", "policies=pulseinfer"]
+
+
+def test_d2h_work_queued_past_the_end_is_a_backlog_not_busy_time():
+    """Issue 30: ``hardware.d2h_bandwidth_gbps=0.01`` reported ``d2h_busy_frac`` 1.49 (all queued seconds / the run's
+    duration) and a false physics bug."""
+    scenario = load_scenario("default", SLOW_D2H)
+    summary = simulate(scenario).policies["pulseinfer"].summary  # check_physics runs inside
+    assert summary["d2h_backlog_s"] > summary["duration_s"]  # the link could not keep up
+    assert 0.5 < summary["d2h_busy_frac"] <= 1.0  # saturated, never more than all the time
+
+
+def test_a_cluster_subtracts_the_mean_backlog_of_its_replicas():
+    scenario = load_scenario("default", [*SLOW_D2H, "workload.max_requests=24"])
+    result = simulate_cluster(scenario, load_workload(scenario), "pulseinfer", 2)
+    summary = result.summary  # check_physics runs inside
+    assert min(result.routed) > 0 and summary["d2h_backlog_s"] > 0
+    assert 0.5 < summary["d2h_busy_frac"] <= 1.0
+
+
+def test_the_console_says_when_d2h_writes_are_still_queued_at_the_end():
+    import pandas as pd
+
+    from sim.metrics.report import format_summary
+
+    row = {"policy": "p", "duration_s": 10.0, "d2h_busy_frac": 1.0}
+    text = format_summary(pd.DataFrame([{**row, "d2h_backlog_s": 5.0}, {**row, "policy": "q", "d2h_backlog_s": 0.0}]))
+    assert "note: D2H offload writes still queued at the end of the run (d2h_backlog_s): p 5.0 s" in text
+    assert "q 0.0" not in text
+
+
+# ---- a run that issued nothing before the horizon: no duration, and no false physics bug ------------------------
+
+
+def _late_session_scenario(tmp_path, horizon_s: float):
+    folder = tmp_path / "sessions"
+    folder.mkdir()
+    session = {
+        "id": "s0",
+        "block_size": 64,
+        "requests": [{"t": 0, "type": "n", "in": 200, "out": 5, "think_time": 1.5}],
+    }
+    (folder / "trace_0000.json").write_text(json.dumps(session))
+    overrides = ["policies=sglang", "workload.time_scale=1", "workload.format=kvcache_tester", "run.progress=false"]
+    return load_scenario("ablation", [*overrides, f"workload.trace={folder}", f"run.horizon_s={horizon_s}"])
+
+
+def test_a_run_that_issued_nothing_before_the_horizon_has_no_duration_and_passes_physics(tmp_path):
+    """Issue 30: a session's first think time at or past ``run.horizon_s`` issued nothing; ``duration_s`` was NaN
+    and the physics check reported a false ``bug:`` (``link_busy_frac`` NaN)."""
+    summary = simulate(_late_session_scenario(tmp_path, 0.3)).policies["sglang"].summary  # check_physics inside
+    assert (summary["finished"], summary["unfinished"]) == (0, 1)
+    per_duration = ["duration_s", "decode_tokens_per_s", "goodput_requests_per_s", *PER_DURATION]
+    assert all(np.isnan(summary[name]) for name in per_duration)
+    assert all(not np.isnan(summary[name]) for name in FRACTIONS if name not in PER_DURATION)
+
+
+def test_the_same_session_issued_before_the_horizon_has_a_duration(tmp_path):
+    summary = simulate(_late_session_scenario(tmp_path, 3.0)).policies["sglang"].summary
+    assert summary["finished"] == 1 and summary["duration_s"] > 0
+    assert all(0 <= summary[name] <= 1 for name in FRACTIONS)
+
+
+def test_nan_busy_fractions_pass_only_when_the_duration_is_undefined():
+    row = {**GOOD, "duration_s": np.nan, **dict.fromkeys(PER_DURATION, np.nan)}
+    assert physics_violations(row, BOUNDS) == []
+    checks = [v.check for v in physics_violations({**row, "duration_s": 10.0}, BOUNDS)]
+    assert checks == [f"0 <= {name} <= 1" for name in PER_DURATION]
+    checks = [v.check for v in physics_violations({**row, "link_busy_frac": 0.5}, BOUNDS)]
+    assert checks == ["link_busy_frac is NaN when duration_s is (nothing issued)"]
+
+
+def test_the_console_says_when_nothing_arrived_before_the_horizon():
+    import pandas as pd
+
+    from sim.metrics.report import format_summary
+
+    text = format_summary(pd.DataFrame([{"policy": "p", "duration_s": np.nan}, {"policy": "q", "duration_s": 1.0}]))
+    assert "note: nothing arrived before the horizon (p)" in text

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sim.study.plan import PlanConfig, PlanError, check_plan
+from sim.study.plan import MIN_REL_TOL, PlanConfig, PlanError, bisect_max_rate, check_plan
 from sim.study.slo import TailSlo
 
 
@@ -23,10 +23,27 @@ def test_target_rate_must_be_finite_and_positive(rate):
     assert info.value.field == "target_rate_per_s"
 
 
-@pytest.mark.parametrize("rel_tol", [math.inf, math.nan, 0.0, 1.5])
-def test_rel_tol_must_lie_in_zero_one(rel_tol):
-    with pytest.raises(PlanError, match=r"rel_tol must be in \(0, 1\]"):
+@pytest.mark.parametrize("rel_tol", [math.inf, math.nan, 0.0, 1.5, 1e-300, MIN_REL_TOL / 2])
+def test_rel_tol_must_lie_in_min_one(rel_tol):
+    with pytest.raises(PlanError, match=r"rel_tol must be in \[0.0001, 1\], got") as info:
         check_plan(_config(rel_tol=rel_tol))
+    assert info.value.field == "rel_tol"
+
+
+@pytest.mark.parametrize("boundary", [1.0, 3.7, 1e-3])
+def test_bisection_ends_even_when_rel_tol_is_below_float_resolution(boundary):
+    """Issue 30: ``--rel-tol 1e-300`` looped for ever once lo and hi were adjacent floats."""
+    calls = []
+
+    def feasible(rate: float) -> bool:
+        calls.append(rate)
+        if len(calls) > 10_000:  # a hang guard, far above the ~70 simulations a float bisection can take
+            raise AssertionError("bisection does not end")
+        return rate <= boundary
+
+    found = bisect_max_rate(feasible, start=1.0, rel_tol=1e-300, max_steps=16)
+    assert found.rate <= boundary and math.nextafter(found.rate, math.inf) > boundary * (1 - 1e-15)
+    assert len(calls) == len(set(calls))  # no rate is simulated twice
 
 
 def test_a_good_config_passes():

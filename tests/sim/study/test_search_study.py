@@ -11,7 +11,7 @@ import pytest
 from pulseinfer.cli import main
 from sim.config import load_scenario
 from sim.run import simulate
-from sim.study.search import StudyMismatch, run_search
+from sim.study.search import SearchError, StudyMismatch, run_search
 from sim.study.search_results import collect_results, pareto_front
 from sim.study.slo import TailSlo
 from sim.study.space import parse_space
@@ -176,3 +176,33 @@ def test_search_cli_unusable_storage_exits_2(tmp_path, capsys):
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --storage nosuchdb://host/db") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "content", [b"PRECIOUS\n", b"[1, 2]\n", b'{"no_op_code": 1}\n', b"\xff\xfe\n", b"\n{}\n"], ids=repr
+)
+def test_search_cli_refuses_a_storage_file_that_is_no_journal_and_leaves_it_untouched(tmp_path, capsys, content):
+    """Issue 30: a user's file given as --storage got a traceback from Optuna's reader and an Optuna line appended."""
+    mine = tmp_path / "prec.txt"
+    mine.write_bytes(content)
+    argv = ["search", "--space", "pulseinfer", "--trials", "1", "--storage", str(mine), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--no-progress", "--set", "workload.max_requests=20"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --storage: {mine} is not an Optuna journal") and len(err.splitlines()) == 1
+    assert mine.read_bytes() == content
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_journal_storage_may_be_absent_empty_or_a_study_journal(tiny_config, tmp_path):
+    from sim.study.search import check_journal_file
+
+    journal = tmp_path / "j.journal"
+    check_journal_file(str(journal))  # absent
+    journal.touch()
+    check_journal_file(str(journal))  # empty
+    cfg = tiny_config("journal", storage=str(journal))
+    assert len(_trials(cfg, 1)) == 1
+    check_journal_file(str(journal))  # written by Optuna
+    with pytest.raises(SearchError, match="is not a file") as info:
+        check_journal_file(str(tmp_path))
+    assert info.value.field == "storage"

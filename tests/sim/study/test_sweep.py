@@ -3,7 +3,9 @@ points), the table's independence from how it was computed, and the A/B comparis
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -103,6 +105,30 @@ def test_a_damaged_cache_entry_is_simulated_again(tmp_path):
         again = run_sweep(config(prompts=("8000",), rates=("2",)), tmp_path)
     assert (again.num_simulated, again.num_cached) == (1, 1)
     pd.testing.assert_frame_equal(again.table, first.table)
+
+
+@pytest.mark.parametrize(
+    ("edit", "check"),
+    [
+        ({"link_busy_frac": 5.0}, "0 <= link_busy_frac <= 1"),
+        ({"peak_hbm_gib": 1e9}, "peak_hbm_gib <= hardware.hbm_gib"),
+        ({"link_gbps_achieved": 1e6}, "link_gbps_achieved <= the link's peak"),
+        ({"stall_frac": None}, "0 <= stall_frac <= 1"),  # null is NaN: a fraction is always defined
+    ],
+)
+def test_a_cached_record_breaking_a_physics_bound_is_simulated_again(tmp_path, edit, check):
+    """Issue 30: a hand-edited record with valid JSON but ``link_busy_frac`` 5.0 reached sweep.csv as is."""
+    cfg = config(prompts=("8000",), rates=("2",))
+    first = run_sweep(cfg, tmp_path)
+    cache = PointCache(tmp_path / "cache")
+    path = cache.path(resolve_points(cfg)[0].key)
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "metrics": {**record["metrics"], **edit}}))
+    with pytest.warns(RuntimeWarning, match=f"breaks a physics bound: {re.escape(check)}.*simulating its point again"):
+        again = run_sweep(cfg, tmp_path)
+    assert (again.num_simulated, again.num_cached) == (1, 1)
+    pd.testing.assert_frame_equal(again.table, first.table)
+    assert json.loads(path.read_text()) == record  # rewritten
 
 
 def test_local_processes_give_the_serial_table(tmp_path):
