@@ -7,7 +7,8 @@ CSV trace (``workload.format=csv``) into a temporary folder, with one scenario Y
 
 Cases: ``8b`` (Llama-3.1-8B on H100-SXM), ``70b`` (Llama-3.1-70B, TP 2 on H100-SXM: its weights do not fit
 one card), ``offloaded`` (Llama-3.1-8B / H100-SXM, pulseinfer with ``offload_threshold_tokens=16`` so every
-request is offloaded; 500 requests, or ``--requests`` if smaller). Policies: sglang and pulseinfer (offloaded:
+request is offloaded; 500 requests, or ``--requests`` if smaller), ``offloaded_5k`` (the same at ``--requests``,
+5,000 by default: the skip-ahead path over recalling steps at scale). Policies: sglang and pulseinfer (offloaded:
 pulseinfer only). ``--repeats N`` runs each N times; the table reports medians.
 
 ``--baseline REV`` also runs every case on git revision REV (checked out with ``git worktree add`` into a
@@ -72,6 +73,9 @@ CASES = {
         ("pulseinfer",),
         {"policy": {"pulseinfer": {"offload_threshold_tokens": 16}}},
         OFFLOADED_REQUESTS,
+    ),
+    "offloaded_5k": Case(
+        "llama-3.1-8b", "h100-sxm", ("pulseinfer",), {"policy": {"pulseinfer": {"offload_threshold_tokens": 16}}}
     ),
 }
 # Recorded for the peers (same workload, same machine class), NOT measured by this script: case → {peer: wall s}.

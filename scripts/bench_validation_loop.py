@@ -2,8 +2,8 @@
 
 Runs LOOPS fresh tiny calibrations (2 layers of Qwen3-14B scaled by 8, calibrate.bench.BenchGrid below) and
 validates each on four requests (contexts 1–4K, 12…6 output tokens, fastest of 5 engine runs per step), then
-prints every loop's validation table and the mean-TPOT error per loop and policy with their medians. README.md
-("Calibrate and validate") reports its figures. The result depends on how loaded the machine is: run it on a
+prints every loop's validation table and the mean-TPOT error per loop and policy with their medians. docs/results.md
+(§7, "Calibrate and validate") reports its figures. The result depends on how loaded the machine is: run it on a
 quiet machine. Takes about 3–5 minutes on 2 cores.
 
 Run: ``python scripts/bench_validation_loop.py [LOOPS]`` (default 9).

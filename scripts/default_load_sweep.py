@@ -1,6 +1,6 @@
 """How the default load was chosen: sweep the Mooncake time scale, colocated vs disaggregated prefill.
 
-Prints one markdown table (README.md "How the default load was chosen"). Takes a few minutes on 2 cores.
+Prints one markdown table (docs/results.md §2, "How the default load was chosen"). Takes a few minutes on 2 cores.
 Run: ``python scripts/default_load_sweep.py``.
 """
 

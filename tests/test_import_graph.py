@@ -1,7 +1,9 @@
 """The project's import graph, read from the source with ``ast``: no cycles, and imports point one way.
 
 Edges are every absolute or relative import in a module, including imports inside functions (a lazy import
-is still a dependency); imports under ``if TYPE_CHECKING:`` are not edges (they never run). ``from a.b import
+is still a dependency) and imports under ``if TYPE_CHECKING:`` (they never run, but a module that names another's
+types in its annotations depends on it: two modules that do so both ways are one concept split in two, or an
+ownership turned around). ``from a.b import
 c`` is an edge to ``a.b.c`` when that is a module of the project, else to ``a.b``. Importing ``a.b.c`` also runs
 the ``__init__`` of ``a`` and ``a.b``, but that is not counted as an edge of the importer (the packages'
 ``__init__`` files re-export, they do not depend on their users).
@@ -30,21 +32,11 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     """Dotted names a module imports (absolute; relative ones resolved against ``module``)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -105,11 +97,21 @@ def test_find_cycle_reports_a_cycle_and_accepts_a_dag():
     assert _find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_imports_skip_type_checking_and_resolve_relative_imports():
+def test_imports_count_type_checking_and_lazy_imports_and_resolve_relative_imports():
     src = (
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x.y\nfrom . import z\ndef f():\n    import w\n"
     )
-    assert _imports(ast.parse(src), "pkg.mod", False) == {"typing", "typing.TYPE_CHECKING", "pkg", "pkg.z", "w"}
+    expected = {"typing", "typing.TYPE_CHECKING", "x.y", "pkg", "pkg.z", "w"}
+    assert _imports(ast.parse(src), "pkg.mod", False) == expected
+
+
+def test_a_cycle_through_type_annotations_is_found():
+    """Two modules that import each other, one only for its annotations, are a cycle."""
+    a = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n"
+    b = "from pkg.a import A\n"
+    graph = {"pkg.a": _imports(ast.parse(a), "pkg.a", False), "pkg.b": _imports(ast.parse(b), "pkg.b", False)}
+    graph = {name: {t for t in edges if t in graph} for name, edges in graph.items()}
+    assert _find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
 def test_no_import_cycle_between_project_modules():

@@ -190,7 +190,7 @@ def clock_problem(field: str, value: float, clock_s: float, min_layer_s: float, 
     )
 
 
-BYTES_PER_SIMULATED_REQUEST = 4096  # generous: ~1.1 KiB measured (README, "Sizes checked before allocation")
+BYTES_PER_SIMULATED_REQUEST = 4096  # generous: ~1.1 KiB measured (docs/usage.md, "Refused inputs")
 
 
 def available_memory_bytes() -> int:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
 from sim.config.base import PositiveInt, Spec
+
+# A policy's ``io`` (how a layer's recall crosses to the GPU; costs in sim/step/link.py).
+IoMode = Literal["gather_scatter", "per_fragment", "batched", "gpu_gather"]
+IO_MODES: tuple[str, ...] = get_args(IoMode)
 
 
 class DensePolicy(Spec):
@@ -67,7 +71,7 @@ class OffloadPolicy(DensePolicy):
     kind: Literal["offload"] = "offload"
     block_size: PositiveInt = 32
     selection: Literal["solohead", "headwise", "all"] = "solohead"
-    io: Literal["gather_scatter", "per_fragment", "batched", "gpu_gather"] = "gather_scatter"
+    io: IoMode = "gather_scatter"
     budget_tokens: PositiveInt = 2048  # attended tokens selected per (request, layer, step)
     sink_tokens: Annotated[int, Field(ge=0)] = 128
     recent_tokens: Annotated[int, Field(ge=0)] = 512
@@ -83,7 +87,7 @@ class OffloadPolicy(DensePolicy):
     max_offloaded_requests: PositiveInt = 256
     # Fixed fraction of the selection recalled each step, instead of drawing it from recall_stats.
     miss_frac: Annotated[float, Field(ge=0, le=1)] | None = None
-    # Mechanism 3, interruptible layer-wise scheduling (sim/step/interrupt.py); "sequential" = one-layer
+    # Mechanism 3, interruptible layer-wise scheduling (sim/step/pipeline.py); "sequential" = one-layer
     # prefetch, whole-layer FIFO copies (the baseline).
     scheduling: Literal["sequential", "interruptible"] = "sequential"
     lookahead_layers: PositiveInt = 1  # recalls issued this many layers ahead

@@ -60,15 +60,28 @@ class RunSpec(Spec):
     ``pyarrow`` (``pip install 'pulseinfer[parquet]'``).
     """
 
-    layer_model: Literal["closed_form", "events"] = "closed_form"
     horizon_s: PositiveFloat | None = None  # stop here; None = until every request is done
     debug_checks: bool = False  # expensive invariant sweeps every step (tests turn it on)
     layer_bin_s: PositiveFloat = 10.0  # time bin of layer_recall.csv (the layer × time heatmap)
     timeline_step: PositiveInt = 200  # timeline.csv shows the N-th decode step that recalls (else the first)
     progress: bool = True
-    # Hot loops: "auto" compiles them with numba when it is installed (the `fast` extra), "python" runs the
-    # pure-Python reference paths, "numba" requires numba (sim/step/kernels.py; tested equal to the reference).
+    # Hot loops: "auto" compiles them with numba when it is installed (the `fast` extra), "python" runs the same
+    # source as Python, "numba" requires numba (sim/step/pipeline.py; every table is tested equal either way).
     kernels: Literal["auto", "python", "numba"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_layer_model(cls, data: object) -> object:
+        """``run.layer_model`` is retired: ``closed_form`` (the model) is accepted and dropped, so old scenarios
+        load; ``events`` is refused."""
+        if isinstance(data, dict) and "layer_model" in data:
+            if data["layer_model"] != "closed_form":
+                raise ValueError(
+                    f"layer_model {data['layer_model']!r} is retired: the SimPy-events layer pipeline is now a test "
+                    "oracle (tests/sim/oracles/step_timing.py); remove the key (closed_form is the only model)"
+                )
+            data = {key: value for key, value in data.items() if key != "layer_model"}
+        return data
 
     @field_validator("kernels")
     @classmethod

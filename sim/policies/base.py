@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from sim.config import DensePolicy, Scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
-from sim.serving.admission import Admission
+from sim.serving.admission import Admission, AdmissionParams
 from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
 from sim.step.cost import StepCost
@@ -32,8 +34,26 @@ class Policy:
         self.compute = ComputeModel(self.model, self.hardware, profile.compute if profile else None, tp)
         tpot_ms = scenario.slo.tpot_ms
         self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
-        # who joins the batch; offload policies may own an IO-adaptive one
-        self.admission = DecodeAdmission(self) if params.decode_scheduler == "sglang_pd" else Admission(self)
+
+    @cached_property
+    def admission(self) -> Admission:
+        """Who joins this policy's batch (sim/serving/admission.py), built on first use (one per policy object, so
+        one per replica): SGLang's decode budget (``decode_scheduler: sglang_pd``) or the memory rule."""
+        params = self.admission_params()
+        return DecodeAdmission(params) if self.params.decode_scheduler == "sglang_pd" else Admission(params)
+
+    def admission_params(self) -> AdmissionParams:
+        """What admission takes from this policy: its knobs and its block accounting."""
+        return AdmissionParams(
+            knobs=self.params,
+            max_offloaded=0,
+            kv_bytes_per_token=self.model.kv_bytes_per_token,
+            max_seq_len=self.model.max_seq_len,
+            blocks_one=self.blocks_one,
+            growth_one=self.growth_one,
+            growth_blocks=self.growth_blocks,
+            wants_offload=self.wants_offload,
+        )
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         """Whether a request with this prompt runs offloaded (sparse recall)."""
@@ -63,14 +83,14 @@ class Policy:
     recall_state_width = 0  # columns of per-request recall state the decode batch keeps for this policy
     reserved_hbm_bytes = 0  # HBM the policy takes out of the KV pool for itself (a fixed-size recall cache)
 
-    def is_steady(self, offloaded: np.ndarray) -> bool:
-        """Whether a batch with these requests offloaded (bool [n]) has steady steps: each costs what a dense step
-        of its batch and tokens costs, recalls nothing and draws no random numbers (this base class: never)."""
+    def is_recall_free(self, offloaded: np.ndarray) -> bool:
+        """Whether a batch with these requests offloaded (bool [n]) has recall-free steps: each costs what a dense
+        step of its batch and tokens costs, recalls nothing and draws no random numbers (this base class: never)."""
         return False
 
-    def steady_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``steps`` decode steps at once, for a batch the caller found steady (:meth:`is_steady`; the
-        scheduler's skip-ahead, sim/serving/decode_run.py).
+    def recall_free_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``steps`` decode steps at once, for a batch the caller found recall-free
+        (:meth:`is_recall_free`; the scheduler's skip-ahead, sim/serving/decode_run.py).
 
         Args:
             ctx: int64 [n] KV tokens each request attends in the first of the steps (step i attends ``ctx + i``).
@@ -82,7 +102,7 @@ class Policy:
             :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
         """
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
-        return attended, self.compute.decode_layer_s_many(len(ctx), attended)
+        return attended, self.compute.decode_layer_s(len(ctx), attended)
 
     def step_cost(
         self,

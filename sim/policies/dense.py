@@ -18,7 +18,7 @@ class DenseServing(Policy):
     def growth_one(self, future_tokens: int, offloaded: bool) -> int:
         return -(-future_tokens // self.block_size)
 
-    def is_steady(self, offloaded: np.ndarray) -> bool:
+    def is_recall_free(self, offloaded: np.ndarray) -> bool:
         return True  # a dense step is a function of the batch and its tokens
 
     def step_cost(

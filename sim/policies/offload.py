@@ -34,13 +34,16 @@ correction is charged to the same item.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cached_property
+
 import numpy as np
 
 from sim.config import OffloadPolicy, Scenario
 from sim.policies.base import Policy
-from sim.serving.admission import Admission, IoAdaptiveAdmission, RecallBudget
-from sim.step.cost import InterruptPlan, StepCost
-from sim.step.draws import RecallDraws
+from sim.serving.admission import Admission, AdmissionParams, IoAdaptiveAdmission, IoBoundParams
+from sim.step.cost import StepCost, StepCosts
+from sim.step.draws import RecallDraws, as_draws
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
@@ -76,22 +79,30 @@ class OffloadServing(Policy):
         self.selection_cost = profile.selection if profile is not None and not self.full else None
         self.io_overlaps = scenario.hardware.io_overlaps_compute
         self.sm_frac = scenario.hardware.gpu_gather_sm_frac
-        self.admission = self._make_admission()
 
-    def _make_admission(self) -> Admission:
-        """Memory-only admission, or the IO-adaptive kind with this policy's recall-vs-compute bound."""
-        params = self.params
-        if params.admission != "io_adaptive":
-            return Admission(self)
-        fb = self.recall.fragment_bytes
-        warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
-        budget = RecallBudget(
-            params.admission_slack,
-            params.stall_target_frac,
-            self.layer_path_s(warm * fb, warm),
-            self.layer_path_s(cold * fb, cold),
-        )
-        return IoAdaptiveAdmission(self, budget)
+    @cached_property
+    def admission(self) -> Admission:
+        """Memory-only admission, or the IO-adaptive kind with this policy's recall-vs-compute bound (an offload
+        policy does not read ``decode_scheduler``: it never takes SGLang's decode budget)."""
+        params = self.admission_params()
+        return IoAdaptiveAdmission(params) if params.io is not None else Admission(params)
+
+    def admission_params(self) -> AdmissionParams:
+        """:meth:`Policy.admission_params` with the offloaded-slot cap and, for ``admission: io_adaptive``, the
+        inputs of the I/O bound: one warm and one cold request's expected per-layer I/O-path seconds."""
+        params, io = self.params, None
+        if params.admission == "io_adaptive":
+            fb = self.recall.fragment_bytes
+            warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
+            io = IoBoundParams(
+                self.layer_path_s(warm * fb, warm),
+                self.layer_path_s(cold * fb, cold),
+                self.sparse_tokens,
+                self.tpot_slo_s,
+                self.compute,
+                self.cache_holds,
+            )
+        return replace(super().admission_params(), max_offloaded=params.max_offloaded_requests, io=io)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens
@@ -131,9 +142,9 @@ class OffloadServing(Policy):
         return float(gather[0]), float(link[0])
 
     def layer_path_s(self, nbytes: float, fragments: float) -> float:
-        """Seconds one layer's recall needs from its I/O path in steady state: the streamed job's completion
-        (gather and copy pipelined), max(gather, copy) for sequential gather-scatter (gather of the next layer
-        overlaps this layer's copy), else the link time. What a recall-vs-compute bound should compare."""
+        """Seconds one layer's recall needs from its I/O path while layers follow one another: the streamed job's
+        completion (gather and copy pipelined), max(gather, copy) for sequential gather-scatter (gather of the next
+        layer overlaps this layer's copy), else the link time. What a recall-vs-compute bound should compare."""
         gather, link = self.layer_link_s(nbytes, fragments)
         if self.link_io == "streamed":
             return float(self.link.streamed_s([gather], [link], [nbytes], self.params.chunk_bytes)[0])
@@ -148,66 +159,116 @@ class OffloadServing(Policy):
         recall_state: np.ndarray | None = None,
         free_hbm_bytes: int = 0,
     ) -> StepCost:
-        batch, L, G = len(ctx), self.num_layers, self.groups
+        """One decode step's cost: :meth:`step_costs` of a run of one step, its draws consumed and the offloaded
+        requests' recall state rows written (args as there, for one step: ``ctx`` int64 [n], ``free_hbm_bytes``
+        int)."""
+        draws = as_draws(rng)
+        costs = self.step_costs(ctx[None, :], offloaded, cold, draws, recall_state, np.array([free_hbm_bytes]))
+        costs.commit(1, recall_state, offloaded)
+        return costs.at(0)
+
+    def step_costs(
+        self,
+        ctx: np.ndarray,
+        offloaded: np.ndarray,
+        cold: np.ndarray,
+        draws: RecallDraws,
+        recall_state: np.ndarray | None,
+        free_hbm_bytes: np.ndarray,
+    ) -> StepCosts:
+        """The costs of k decode steps of one batch (its membership fixed), recall draws peeked, not consumed
+        (``StepCosts.commit`` consumes those of the steps that ran). The one definition of an offloaded step's
+        cost: a single step (:meth:`step_cost`) is k = 1, skip-ahead over offloaded steps
+        (sim/serving/offload_run.py) takes k at once where :meth:`runs_offloaded` holds.
+
+        Args:
+            ctx: int64 [k, n] KV tokens each request attends at each step.
+            offloaded: bool [n]; cold: bool [n] (step 0 only: the first step after (re)admission).
+            draws: the replica's streams (sim/step/draws.py).
+            recall_state: float [n, recall_state_width] before the run (read only), or None.
+            free_hbm_bytes: int64 [k] KV-pool bytes free at each step (a dynamically sized shared cache lives there).
+        """
+        k, batch = ctx.shape
+        L, G, params = self.num_layers, self.groups, self.params
         if self.full:
             attended_each = ctx
         elif self.selection_cost is not None:  # measured selection cost replaces reading summaries as tokens
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens), ctx)
         else:
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + -(-ctx // self.block_size), ctx)
-        attended = int(attended_each.sum())
-        candidates = self._candidates(ctx, offloaded)
-        layer_s = self.compute.decode_layer_s(batch, attended) + self._select_s(candidates.sum())
-        cost = StepCost([layer_s] * L, None, None, self.compute.decode_head_s(batch), 0, 0, 0, attended)
-        n_off = int(offloaded.sum())
-        if not n_off and G == 1:
-            return cost
-        groups = np.arange(batch) % G
-        if G > 1:  # micro-batches: each group runs every layer on its own (re-reading the weights)
+        attended = attended_each.sum(axis=1)
+        candidates = self.candidate_blocks(ctx, offloaded) if self.selection_cost is not None else None  # int64 [k, n]
+        groups = None  # micro-batch group of each request (None: one group)
+        if G == 1:
+            group_s = self._layer_s(batch, attended, None if candidates is None else candidates.sum(axis=1))[:, None]
+        else:  # micro-batches: each group runs every layer on its own (re-reading the weights)
+            groups = np.arange(batch) % G
             sizes = np.bincount(groups, minlength=G)
-            att = np.bincount(groups, weights=attended_each, minlength=G)
-            cand = np.bincount(groups, weights=candidates, minlength=G)
-            cost.compute_s = [
-                self.compute.decode_layer_s(int(b), int(a)) + self._select_s(c) for b, a, c in zip(sizes, att, cand)
-            ] * L
-        cost.d2h_bytes = n_off * self.kv_bytes_per_token  # eager backup of each offloaded request's new token
+            cells = (np.arange(k)[:, None], groups[None, :])
+            att, cand = np.zeros((k, G), np.int64), np.zeros((k, G), np.int64)
+            np.add.at(att, cells, attended_each)
+            if candidates is not None:
+                np.add.at(cand, cells, candidates)
+            group_s = np.stack([self._layer_s(int(sizes[g]), att[:, g], cand[:, g]) for g in range(G)], axis=1)
+        n_off = int(np.count_nonzero(offloaded))
+        per_step, per_layer = np.zeros(k, dtype=np.int64), np.zeros((k, L), dtype=np.int64)  # nothing recalled (yet)
+        costs = StepCosts(
+            group_s, None, self.compute.decode_head_s(batch), n_off * self.kv_bytes_per_token, attended, per_layer,
+            per_layer, per_step, per_step, per_step, per_step, params.lookahead_layers * G, params.chunk_bytes, None,
+        )  # fmt: skip
         if not n_off:
-            return cost
-        rec = self._recall(ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes)
-        cost.selected_fragments = rec.selected_fragments
-        if not rec.nbytes.any():
-            return cost
-        gather, link = self._link_times(rec)  # float [G, L]
-        cost.recall_bytes = int(rec.nbytes.sum())
-        cost.num_fragments = int(rec.fragments.sum())
-        cost.layer_bytes, cost.layer_fragments = rec.nbytes.sum(axis=0), rec.fragments.sum(axis=0)
-        if self.params.io == "per_fragment":
-            cost.num_transfers = cost.num_fragments
+            return costs
+        cache = None
+        if self.shared_cache:  # fragments the shared cache holds: a fixed size, or what the pool leaves free
+            cache_bytes = np.full(k, self.reserved_hbm_bytes) if self.reserved_hbm_bytes else free_hbm_bytes
+            cache = cache_bytes / self.recall.fragment_bytes
+        state = recall_state[offloaded] if self.recall_state_width and recall_state is not None else None
+        gid = None if groups is None else groups[offloaded]
+        rec = self.recall.run(ctx[:, offloaded], cold[offloaded], draws, gid, G, state, cache)
+        costs.recall, costs.selected_fragments = rec, rec.selected_fragments
+        nbytes, frags = rec.nbytes, rec.fragments  # int64 [k, G, L]
+        if rec.contiguous_s is not None and params.io == "per_fragment":  # selection all: one copy per request
+            link = np.where(nbytes > 0, rec.contiguous_s[:, :, None], 0.0)
+            gather = np.zeros_like(link)
+        else:
+            gather, link = self.link.layer_times(nbytes, frags, self.link_io, params.chunk_bytes)  # float [k, G, L]
+        costs.layer_bytes, costs.layer_fragments = nbytes.sum(axis=1), frags.sum(axis=1)
+        costs.recall_bytes, costs.num_fragments = costs.layer_bytes.sum(axis=1), costs.layer_fragments.sum(axis=1)
+        if params.io == "per_fragment":
+            costs.num_transfers = costs.num_fragments
         else:  # one copy, batched call or kernel per (group, layer)
-            cost.num_transfers = int(np.count_nonzero(rec.nbytes))
-        if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
-            cost.compute_s = (np.asarray(cost.compute_s) + gather.T.ravel() + link.T.ravel()).tolist()
-            return cost
-        if not self.interruptible:
-            cost.recall_s = link[0].tolist()
-            cost.gather_s = gather[0].tolist() if self.params.io == "gather_scatter" else None
-            if self.params.io == "gpu_gather":
-                cost.compute_s = self._sm_shared(cost.compute_s, cost.recall_s, 1)
-            return cost
-        # items in GPU order (layer-major, group-minor), split into prefetch and urgent correction
-        f = self.correction_frac
-        lookahead = self.params.lookahead_layers * self.groups
-        item_bytes, item_copy, item_gather = rec.nbytes.T.ravel().astype(float), link.T.ravel(), gather.T.ravel()
-        item_s = item_copy
-        if self.link_io == "streamed":
-            item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, self.params.chunk_bytes)
-        elif self.params.io == "gpu_gather":
-            cost.compute_s = self._sm_shared(cost.compute_s, item_copy.tolist(), lookahead)
-        parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=1)  # float64 [items, 4]
-        cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, self.params.chunk_bytes)
-        return cost
+            costs.num_transfers = (nbytes != 0).reshape(k, -1).sum(axis=1)
 
-    def is_steady(self, offloaded: np.ndarray) -> bool:
+        def items(x: np.ndarray) -> np.ndarray:  # [k, G, L] -> [k, L·G] in GPU order (layer-major, group-minor)
+            return x.transpose(0, 2, 1).reshape(k, L * G)
+
+        if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
+            costs.compute_s = np.tile(group_s, L) + items(gather) + items(link)
+        elif not self.interruptible:
+            costs.sequential = (link[:, 0], gather[:, 0] if params.io == "gather_scatter" else np.zeros((k, L)))
+            costs.host_gather = params.io == "gather_scatter"
+            if params.io == "gpu_gather":
+                costs.compute_s = self._sm_shared(np.tile(group_s, L), link[:, 0], 1)
+        else:  # items in GPU order, split into prefetch and urgent correction
+            item_bytes, item_copy, item_gather = items(nbytes).astype(float), items(link), items(gather)
+            item_s = item_copy
+            if self.link_io == "streamed":
+                item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, params.chunk_bytes)
+            elif params.io == "gpu_gather":
+                costs.compute_s = self._sm_shared(np.tile(group_s, L), item_copy, costs.lookahead_items)
+            parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=-1)  # float64 [k, L·G, 4]
+            f = self.correction_frac
+            costs.plan = ((1 - f) * parts, f * parts)
+        return costs
+
+    def runs_offloaded(self) -> bool:
+        """Whether skip-ahead times k offloaded steps at once (sim/serving/offload_run.py, compiled run kernels):
+        one micro-batch on a card whose I/O overlaps compute, sparse selection, any ``io`` but ``gpu_gather`` (its
+        SM sharing makes a step's layers differ); other configurations step one at a time through the same
+        :meth:`step_costs`."""
+        return not self.full and self.groups == 1 and self.io_overlaps and self.params.io != "gpu_gather"
+
+    def is_recall_free(self, offloaded: np.ndarray) -> bool:
         """With no offloaded request and one micro-batch, :meth:`step_cost` returns the dense cost (the measured
         selection time of no candidates is 0)."""
         return self.groups == 1 and not np.count_nonzero(offloaded)
@@ -222,41 +283,29 @@ class OffloadServing(Policy):
         cache_bytes = self.reserved_hbm_bytes or free_hbm_bytes
         return num_offloaded * working <= cache_bytes / rec.fragment_bytes
 
-    def _recall(self, ctx, offloaded, cold, rng, groups, recall_state, free_hbm_bytes):
-        """The recall model's answer for the offloaded requests (their state rows updated in place)."""
-        cache = None
-        if self.shared_cache:  # fragments the shared cache holds: a fixed size, or what the pool leaves free
-            cache_bytes = self.reserved_hbm_bytes or free_hbm_bytes
-            cache = cache_bytes / self.recall.fragment_bytes
-        state = recall_state[offloaded] if self.recall_state_width and recall_state is not None else None
-        rec = self.recall.step(ctx[offloaded], cold[offloaded], rng, groups[offloaded], self.groups, state, cache)
-        if state is not None:
-            recall_state[offloaded] = state
-        return rec
-
-    def _candidates(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
-        """Blocks selection scores per request (int64 [n]); zeros without a measured selection cost (not needed)."""
-        if self.selection_cost is None:
-            return np.zeros(len(ctx), dtype=np.int64)
+    def candidate_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
+        """Blocks selection scores per request (int64 [..., n] for ``ctx`` [..., n]; bool [n] ``offloaded``): an
+        offloaded request's blocks outside the sink and window, none of a dense one's (it reads no summaries)."""
         return np.where(offloaded, self.recall.offloaded_blocks(ctx), 0)
 
-    def _select_s(self, candidate_blocks: float) -> float:
-        """Measured selection seconds of one layer (0 without a profile: summaries count as attended tokens)."""
-        return self.selection_cost.seconds(float(candidate_blocks)) if self.selection_cost is not None else 0.0
+    def _layer_s(self, batch: int, attended: np.ndarray, candidates: np.ndarray | None) -> np.ndarray:
+        """Seconds of one layer of a group of ``batch`` requests at each step (float64 [k]): compute, plus the
+        measured selection time of the group's candidate blocks (int64 [k]) where a profile gives one (else
+        ``candidates`` is not read)."""
+        if len(attended) == 1:  # one step: the compute model's scalar form (numpy's per-call cost dominates there)
+            layer_s = np.array([self.compute.decode_layer_s(batch, int(attended[0]))])
+        else:
+            layer_s = self.compute.decode_layer_s(batch, attended)
+        if self.selection_cost is None:  # summaries count as attended tokens
+            return layer_s
+        return layer_s + np.array([self.selection_cost.seconds(float(c)) for c in candidates])
 
-    def _link_times(self, rec) -> tuple[np.ndarray, np.ndarray]:
-        """(gather, link) seconds, float [G, L], under this policy's ``io``."""
-        if rec.contiguous_s is not None and self.params.io == "per_fragment":
-            link = np.where(rec.nbytes > 0, rec.contiguous_s[:, None], 0.0)
-            return np.zeros_like(link), link
-        return self.link.layer_times(rec.nbytes, rec.fragments, self.link_io, self.params.chunk_bytes)
-
-    def _sm_shared(self, compute_s: list[float], kernel_s: list[float], lookahead: int) -> list[float]:
-        """Per-item compute with the SM time GPU gather kernels take (``io: gpu_gather``; module docstring):
-        item i − lookahead is slowed by ``sm_frac × min(kernel_s[i], its compute)``."""
-        frac = self.sm_frac
-        out = list(compute_s)
-        for i in range(lookahead, len(kernel_s)):
-            j = i - lookahead
-            out[j] += frac * min(kernel_s[i], compute_s[j])
+    def _sm_shared(self, compute_s: np.ndarray, kernel_s: np.ndarray, lookahead: int) -> np.ndarray:
+        """Per-item compute (float64 [k, items]) with the SM time GPU gather kernels (float64 [k, m]) take
+        (``io: gpu_gather``; module docstring): item i − lookahead is slowed by ``sm_frac × min(kernel_s[i], its
+        compute)``."""
+        out = compute_s.copy()
+        m = kernel_s.shape[1] - lookahead
+        if m > 0:
+            out[:, :m] += self.sm_frac * np.minimum(kernel_s[:, lookahead:], compute_s[:, :m])
         return out

@@ -1,17 +1,20 @@
 """Admission: which queued requests join the running batch, dense or offloaded (SGLang ``PrefillAdder`` rules,
 plus docs/design.md mechanism 4, IO-adaptive offloading admission, as we read it).
 
-The policy owns one admission object (``Policy.admission``); the replica asks it, at each scheduler
-iteration, to walk the waiting queue (:meth:`Admission.select`) and calls its hooks after each decode step
-and preemption. Two kinds:
+Admission takes plain parameters from the policy (:class:`AdmissionParams`: knobs and block accounting; it imports
+nothing from sim/policies). The replica asks it, at each scheduler iteration, to walk the waiting queue
+(:meth:`Admission.select`) and reports each decode step (:meth:`Admission.on_decode_run`; a single step is a run of
+one) and preemption. Each rule is one predicate over plain numbers, asked about the decision now (``select``) or
+about the next m decisions at once (the skip-ahead run's bound, :meth:`Admission.quiet_decisions`). Rules:
 
 * :class:`Admission` (``admission: static``, and every dense policy): FCFS; a request joins if its device
   blocks plus a reservation for the future tokens of every running request fit in the free pool
-  (remaining output clipped at ``clip_max_new_tokens`` × ``new_token_ratio``; the ratio decays linearly
-  from ``new_token_ratio_init`` to ``new_token_ratio_min`` over ``new_token_ratio_decay_steps`` decode steps
-  and is reset by a preemption, as SGLang's scheduler does, docs/sources.md); an offloaded request also needs
-  host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at the
-  first request that must wait.
+  (:func:`memory_waits`; remaining output clipped at ``clip_max_new_tokens`` × ``new_token_ratio``; the ratio
+  decays linearly from ``new_token_ratio_init`` to ``new_token_ratio_min`` over ``new_token_ratio_decay_steps``
+  decode steps and is reset by a preemption, as SGLang's scheduler does, docs/sources.md); an offloaded request
+  also needs host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at
+  the first request that must wait.
+* SGLang's disaggregated decode budget (``decode_scheduler: sglang_pd``): sim/serving/decode_admission.py.
 * :class:`IoAdaptiveAdmission` (``admission: io_adaptive``): additionally lets an offloaded request join only
   while (1) the predicted per-layer recall of the next step stays within φ × the predicted per-layer compute
   (:class:`RecallBudget`, φ adapted by AIMD on the measured stall) and (2) with a shared recall cache, the
@@ -27,15 +30,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.config import DensePolicy
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 
 if TYPE_CHECKING:
-    from sim.policies.base import Policy
+    from sim.step.compute import ComputeModel
 
 BYPASS_SCAN = 32  # queued requests scanned past an offloaded head that the I/O admission holds back
 PHI_MIN, PHI_MAX = 0.25, 3.0
@@ -45,43 +50,73 @@ LINK_IDLE_BUSY_FRAC = 0.8
 OK, WAIT, WAIT_IO = "ok", "wait", "wait_io"  # verdicts; any other verdict is the reason a request never runs
 
 
+@dataclass(frozen=True, slots=True)
+class IoBoundParams:
+    """What IO-adaptive admission takes from an offload policy, besides :class:`AdmissionParams`."""
+
+    warm_layer_s: float  # expected per-layer I/O-path seconds of one warm offloaded request (RecallBudget)
+    cold_layer_s: float  # the same for a request whose recall buffer is empty (it recalls its whole selection)
+    sparse_tokens: int  # KV tokens an offloaded request attends per layer (sink + recent + budget)
+    tpot_slo_s: float | None  # per-request TPOT bound, if any
+    compute: ComputeModel  # one GPU's layer, head and overhead seconds of a decode step (sim/step/compute.py)
+    # whether a shared recall cache holds the working sets of this many offloaded requests with this many bytes of
+    # the KV pool free (always, for a policy without one)
+    cache_holds: Callable[[int, float], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionParams:
+    """What admission takes from the policy (``Policy.admission_params``): the policy section's knobs and the
+    policy's block accounting, as plain values and functions."""
+
+    knobs: DensePolicy  # the policy section (sim/config/policy.py): batch cap, new_token_ratio, clip, PD reserve, ...
+    max_offloaded: int  # most requests offloaded at once (0: the policy offloads none)
+    kv_bytes_per_token: int  # one GPU's KV bytes per token (an offloaded request's host DRAM per token)
+    max_seq_len: int  # the model's context limit, tokens
+    blocks_one: Callable[[int, bool], int]  # device blocks one request holds with this many KV tokens (offloaded?)
+    growth_one: Callable[[int, bool], int]  # device blocks this many more tokens of one request need
+    # growth_one elementwise: future tokens int64 [..., n], offloaded bool [n] → blocks int64 [..., n]
+    growth_blocks: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    wants_offload: Callable[[int], bool]  # whether a request with this many prompt tokens runs offloaded
+    io: IoBoundParams | None = None  # IO-adaptive admission's inputs (``admission: io_adaptive``)
+
+
+def memory_waits(need, growth, worst, cached_blocks, room, reserved, ratio) -> bool | np.ndarray:
+    """The memory rule (SGLang ``PrefillAdder``): whether a request waits for device blocks, i.e. whether the blocks
+    it takes (``need``) plus its future tokens' reservation (``growth`` × ``ratio``), at most ``worst``, less the
+    blocks its cached prefix holds, exceed the room left after the running batch's reservation::
+
+        min(need + growth · ratio, worst) − cached_blocks  >  room − reserved
+
+    ``need``, ``growth``, ``worst``, ``cached_blocks``: int blocks. ``room`` (free, plus evictable prefix-cache,
+    blocks), ``reserved`` (:meth:`Admission.reserved_blocks`) and ``ratio`` (``new_token_ratio``) are scalars for
+    the decision now, or int64 / float64 / float64 [m] at each of the next m decisions (bool [m] then). Written as
+    two comparisons (taking ``cached_blocks`` off commutes with the min: rounding is monotone), so both give the
+    same verdicts bit for bit.
+    """
+    left = room - reserved
+    return (need + growth * ratio - cached_blocks > left) & (worst - cached_blocks > left)
+
+
 class Admission:
     """Memory-only admission with SGLang's future-token reservation.
 
     Args:
-        policy: the policy that owns it (block counts, params, compute model).
+        params: what it takes from the policy.
     """
 
-    def __init__(self, policy: Policy) -> None:
-        p = policy.params
-        self.policy = policy
-        self.max_running = p.max_running_requests
-        self.clip_max_new_tokens = p.clip_max_new_tokens
-        self.ratio_init, self.ratio_min = p.new_token_ratio_init, p.new_token_ratio_min
-        self.ratio_decay = (p.new_token_ratio_init - p.new_token_ratio_min) / p.new_token_ratio_decay_steps
-        self.new_token_ratio = p.new_token_ratio_init
-        self.max_offloaded = getattr(p, "max_offloaded_requests", 0)
-        self.kv_bytes_per_token = policy.model.kv_bytes_per_token
+    def __init__(self, params: AdmissionParams) -> None:
+        p = self.params = params
+        knobs = params.knobs
+        self.max_running = knobs.max_running_requests
+        self.clip_max_new_tokens = knobs.clip_max_new_tokens
+        self.ratio_init, self.ratio_min = knobs.new_token_ratio_init, knobs.new_token_ratio_min
+        self.ratio_decay = (self.ratio_init - self.ratio_min) / knobs.new_token_ratio_decay_steps
+        self.new_token_ratio = self.ratio_init
+        self.max_offloaded = p.max_offloaded
+        self.kv_bytes_per_token = p.kv_bytes_per_token
 
-    # ---- hooks the replica calls -----------------------------------------------------------------
-    def on_decode_step(self, attended_tokens: int) -> None:
-        """After each decode step: decay ``new_token_ratio``; ``attended_tokens`` is what the step read per layer."""
-        self.new_token_ratio = max(self.ratio_min, self.new_token_ratio - self.ratio_decay)
-
-    def on_preempt(self, batch: DecodeBatch | None = None) -> None:
-        """After a preemption: ``retract_ratio: reset`` sets the ratio back to its initial value; ``estimate``
-        sets SGLang's re-estimate over the surviving ``batch`` (``retract_decode`` /
-        ``estimate_new_token_ratio_after_retract``): min(1, (Σ generated + steps · n) / (Σ output + 1))."""
-        p = self.policy.params
-        if p.retract_ratio == "estimate" and batch is not None and len(batch):
-            done = float(batch.generated.sum()) + p.retract_decode_steps * len(batch)
-            self.new_token_ratio = min(1.0, done / (float(batch.output.sum()) + 1.0))
-        else:
-            self.new_token_ratio = self.ratio_init
-
-    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
-        """Feedback from one decode step's timing (used by IO-adaptive admission)."""
-
+    # ---- feedback the replica gives ---------------------------------------------------------------
     def on_decode_run(
         self,
         steps_s: list[float],
@@ -89,14 +124,29 @@ class Admission:
         stalls_s: list[float] | None = None,
         link_busy_s: list[float] | None = None,
     ) -> None:
-        """Skip-ahead: k decode steps at once — what k rounds of ``observe(steps_s[i], stalls_s[i], link_busy_s[i])``
-        then ``on_decode_step(attended_tokens[i])`` do, in the same float operations (tests/sim/test_skip_ahead.py);
-        ``stalls_s`` / ``link_busy_s`` None: no stall, link idle (steps that recalled nothing)."""
+        """After k ≥ 1 decode steps (a single step is a run of one): decay ``new_token_ratio`` once per step.
+
+        Args:
+            steps_s: each step's seconds; attended_tokens: KV tokens each step read per layer.
+            stalls_s, link_busy_s: each step's stall and link-busy seconds; None: no stall, the link idle (steps
+                that recalled nothing).
+        """
         if steps_s:
             self.new_token_ratio = self._decayed_ratios(len(steps_s))[-1]
 
+    def on_preempt(self, batch: DecodeBatch | None = None) -> None:
+        """After a preemption: ``retract_ratio: reset`` sets the ratio back to its initial value; ``estimate``
+        sets SGLang's re-estimate over the surviving ``batch`` (``retract_decode`` /
+        ``estimate_new_token_ratio_after_retract``): min(1, (Σ generated + steps · n) / (Σ output + 1))."""
+        knobs = self.params.knobs
+        if knobs.retract_ratio == "estimate" and batch is not None and len(batch):
+            done = float(batch.generated.sum()) + knobs.retract_decode_steps * len(batch)
+            self.new_token_ratio = min(1.0, done / (float(batch.output.sum()) + 1.0))
+        else:
+            self.new_token_ratio = self.ratio_init
+
     def _decayed_ratios(self, steps: int) -> list[float]:
-        """``new_token_ratio`` after each of the next ``steps`` decode steps, decayed as :meth:`on_decode_step` does."""
+        """``new_token_ratio`` after each of the next ``steps`` decode steps: max(min, ratio − decay) each step."""
         ratio, ratio_min, decay, out = self.new_token_ratio, self.ratio_min, self.ratio_decay, []
         if ratio == ratio_min and decay >= 0:  # decayed to its floor already (the usual case): stays there
             return [ratio_min] * steps
@@ -121,7 +171,7 @@ class Admission:
         Stops at the first request that must wait for memory; ``more()`` is asked before each request.
         ``disaggregated``: requests bring their KV from remote prefill (prompt + generated − 1 tokens).
         """
-        reserved = self.reserved_blocks(batch)
+        reserved = float(self.reserved_blocks(batch, self.new_token_ratio))
         pos = 0
         while pos < len(waiting) and running < self.max_running and more():
             req = waiting[pos]
@@ -134,7 +184,7 @@ class Admission:
                 return
             del waiting[pos]
             if verdict == OK:
-                reserved += self.future_blocks(req)
+                reserved += self.params.growth_one(self._future_tokens(req), req.offloaded) * self.new_token_ratio
                 running += 1
             yield req, verdict
 
@@ -145,9 +195,8 @@ class Admission:
         :meth:`select` would take no request, if only the batch's decode steps change the state in between.
 
         Decision j (from 0) comes after j + 1 more decode steps: each running request has generated j + 1 more
-        tokens, ``new_token_ratio`` has decayed j + 1 more times and the pool has ``free_blocks[j]`` free. The
-        head of the queue waits while its blocks plus its reservation exceed the free pool minus the running
-        batch's reservation — :meth:`decide`'s comparison, in the same floating-point operations (with a prefix cache,
+        tokens, ``new_token_ratio`` has decayed j + 1 more times and the pool has ``free_blocks[j]`` free. The head
+        of the queue waits while :func:`memory_waits` says so, over those m decisions at once (with a prefix cache,
         the head's cached blocks and the evictable room as they are now: a run evicts nothing). Subclasses whose
         rules this cannot tell ahead return 0.
 
@@ -161,24 +210,19 @@ class Admission:
         if not m or not waiting or len(batch) >= self.max_running:
             return m
         req = waiting[0]
-        pol, offloaded = self.policy, self.offload_possible(req, kv)
+        offloaded = self.offload_possible(req, kv)
         target = req.prompt_tokens + req.generated - (1 if disaggregated else 0)
-        need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
-        host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
-        if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
+        need, worst, host_need = self._blocks(req, target, offloaded)
+        if self._host_waits(offloaded, host_need, kv):
             return m  # waits for host DRAM or an offloaded slot, which decode steps do not free
         decayed = self._decayed_ratios(m)
         # one ratio for every decision when it has decayed to its floor (the same products, computed once)
         ratios = decayed[0] if decayed[0] == decayed[-1] == self.ratio_min else np.array(decayed)
-        head_growth = pol.growth_one(min(req.output_tokens - req.generated, self.clip_max_new_tokens), offloaded)
-        generated = batch.generated[None, :] + np.arange(1, m + 1)[:, None]
-        future = np.minimum(batch.output[None, :] - generated, self.clip_max_new_tokens)
-        reserved = pol.growth_blocks(future, batch.offloaded).sum(axis=1).astype(np.float64) * ratios
-        # A run evicts no prefix node (its steps' blocks fit in the free pool), so the head's cached prefix and the
-        # evictable room beside the free pool stay as they are now.
+        reserved = self.reserved_blocks(batch, ratios, batch.generated + np.arange(1, m + 1)[:, None])
         cached_blocks, room = self._prefix_room(req, kv)
-        room_blocks = free_blocks + (room - kv.device.free)
-        waits = np.minimum(need + head_growth * ratios, worst) - cached_blocks > room_blocks - reserved
+        rooms = free_blocks + (room - kv.device.free)  # a run evicts nothing: the evictable room stays as it is
+        growth = self.params.growth_one(self._future_tokens(req), offloaded)
+        waits = memory_waits(need, growth, worst, cached_blocks, rooms, reserved, ratios)
         first = int(np.argmin(waits))  # the first decision at which the head joins (argmin: the first False)
         return m if waits[first] else first
 
@@ -209,15 +253,13 @@ class Admission:
         cached: int | None,
     ) -> str:
         """Admit ``req`` dense or offloaded if memory (and, offloaded, the I/O bound) allows: blocks taken on OK."""
-        pol = self.policy
-        need, worst = pol.blocks_one(target, offloaded), pol.blocks_one(req.total_tokens, offloaded)
-        host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
+        need, worst, host_need = self._blocks(req, target, offloaded)
         req.offloaded = offloaded
-        if offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free):
+        if self._host_waits(offloaded, host_need, kv):
             return WAIT
         cached_blocks, room = self._prefix_room(req, kv)  # blocks already held by cached prefix nodes
-        # The reservation rounds up per block; never ask for more than the request can ever hold.
-        if min(need + self.future_blocks(req), worst) - cached_blocks > room - reserved:
+        growth = self.params.growth_one(self._future_tokens(req), offloaded)
+        if memory_waits(need, growth, worst, cached_blocks, room, reserved, self.new_token_ratio):
             return WAIT
         if offloaded and not self.io_allows(kv, batch, need + reserved):
             return WAIT_IO
@@ -226,6 +268,16 @@ class Admission:
         req.prefill_target = target
         req.prefilled = hit if cached is None else 0  # colocated prefill skips the cached prefix
         return OK
+
+    def _blocks(self, req: Request, target: int, offloaded: bool) -> tuple[int, int, int]:
+        """(device blocks ``req`` takes with ``target`` KV tokens, the most it can ever hold, host bytes it takes)."""
+        blocks_one = self.params.blocks_one
+        host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
+        return blocks_one(target, offloaded), blocks_one(req.total_tokens, offloaded), host_need
+
+    def _host_waits(self, offloaded: bool, host_need: int, kv: KvState) -> bool:
+        """Whether an offloaded request waits for host DRAM or an offloaded slot (never, dense)."""
+        return offloaded and (kv.num_offloaded >= self.max_offloaded or host_need > kv.host.free)
 
     def _prefix_room(self, req: Request, kv: KvState) -> tuple[int, int]:
         """(blocks of ``req``'s prompt already cached, free blocks counting unreferenced cached ones).
@@ -267,30 +319,32 @@ class Admission:
     def offload_possible(self, req: Request, kv: KvState) -> bool:
         """The policy wants ``req`` offloaded and the host can hold its KV (else it runs dense)."""
         return (
-            self.policy.wants_offload(req.prompt_tokens)
+            self.params.wants_offload(req.prompt_tokens)
             and req.total_tokens * self.kv_bytes_per_token <= kv.host.capacity
         )
 
     def never_fits(self, req: Request, kv: KvState) -> str:
         """Why ``req`` can never be served on this replica ('' if it can); checked on arrival too."""
-        if req.total_tokens > self.policy.model.max_seq_len:
+        if req.total_tokens > self.params.max_seq_len:
             return "exceeds_max_seq_len"
-        if self.policy.blocks_one(req.total_tokens, self.offload_possible(req, kv)) > kv.device.capacity:
+        if self.params.blocks_one(req.total_tokens, self.offload_possible(req, kv)) > kv.device.capacity:
             return "exceeds_kv_pool"
         return ""
 
     # ---- the future-token reservation ------------------------------------------------------------
-    def future_blocks(self, req: Request) -> float:
-        """Blocks reserved for ``req``'s future tokens (remaining output, clipped, × new_token_ratio)."""
-        future = min(req.output_tokens - req.generated, self.clip_max_new_tokens)
-        return self.policy.growth_one(future, req.offloaded) * self.new_token_ratio
+    def _future_tokens(self, req: Request) -> int:
+        """Tokens reserved for ``req``'s future: its remaining output, clipped at ``clip_max_new_tokens``."""
+        return min(req.output_tokens - req.generated, self.clip_max_new_tokens)
 
-    def reserved_blocks(self, batch: DecodeBatch) -> float:
-        """:meth:`future_blocks` summed over the running batch."""
-        if not len(batch):
-            return 0.0
-        future = np.minimum(batch.output - batch.generated, self.clip_max_new_tokens)
-        return float(self.policy.growth_blocks(future, batch.offloaded).sum()) * self.new_token_ratio
+    def reserved_blocks(
+        self, batch: DecodeBatch, ratio: float | np.ndarray, generated: np.ndarray | None = None
+    ) -> np.floating | np.ndarray:
+        """The running batch's reservation, blocks: Σ over it of its remaining output's blocks (clipped) × ``ratio``;
+        float64. ``ratio`` (float) and ``generated`` (None: ``batch.generated``) as they are now, or float64 [m] and
+        int64 [m, n] at each of the next m decisions (float64 [m] then)."""
+        generated = batch.generated if generated is None else generated
+        future = np.minimum(batch.output - generated, self.clip_max_new_tokens)
+        return self.params.growth_blocks(future, batch.offloaded).sum(axis=-1) * ratio
 
 
 class RecallBudget:
@@ -324,14 +378,11 @@ class RecallBudget:
         """Whether one more (cold) offloaded request keeps the prediction within φ × compute."""
         return self.predicted_recall_s(num_warm, num_cold + 1) <= self.phi * layer_compute_s
 
-    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
-        """AIMD update of φ from one decode step's measured stall and link use."""
-        self.phi = _aimd(self.phi, self.stall_target, step_s, stall_s, link_busy_s)
-
-    def observe_many(
+    def observe(
         self, steps_s: list[float], stalls_s: list[float] | None = None, link_busy_s: list[float] | None = None
     ) -> None:
-        """:meth:`observe` of each of these steps in order (skip-ahead runs); None: no stall, the link idle."""
+        """AIMD update of φ after each of k ≥ 1 decode steps in order, from its measured stall and link use (seconds,
+        per step); None: no stall, the link idle."""
         if stalls_s is None or link_busy_s is None:
             if self.phi == PHI_MAX and self.stall_target > 0:  # steps of positive length that neither stall nor
                 return  # use the link only raise φ, which is at its cap already (the usual dense run)
@@ -358,21 +409,30 @@ class IoAdaptiveAdmission(Admission):
     """Memory-only admission plus dense-while-HBM-allows and the :class:`RecallBudget` on offloaded joins.
 
     Args:
-        policy: the offload policy that owns it (``sparse_tokens``, compute model, params).
-        budget: the recall-vs-compute bound.
+        params: what it takes from the policy; ``params.io`` must be set, ``params.knobs`` an ``OffloadPolicy``.
     """
 
-    def __init__(self, policy: Policy, budget: RecallBudget) -> None:
-        super().__init__(policy)
-        self.budget = budget
-        self.dense_headroom_frac = policy.params.dense_headroom_frac
-        self.sparse_tokens = policy.sparse_tokens
-        self.tpot_slo_s = policy.tpot_slo_s
+    def __init__(self, params: AdmissionParams) -> None:
+        super().__init__(params)
+        io, knobs = params.io, params.knobs
+        self.io = io
+        self.budget = RecallBudget(knobs.admission_slack, knobs.stall_target_frac, io.warm_layer_s, io.cold_layer_s)
+        self.dense_headroom_frac = knobs.dense_headroom_frac
         self.last_attended = 0  # KV tokens read per layer by the last decode step
 
-    def on_decode_step(self, attended_tokens: int) -> None:
-        super().on_decode_step(attended_tokens)
-        self.last_attended = attended_tokens
+    def on_decode_run(
+        self,
+        steps_s: list[float],
+        attended_tokens: list[int],
+        stalls_s: list[float] | None = None,
+        link_busy_s: list[float] | None = None,
+    ) -> None:
+        """:meth:`Admission.on_decode_run`, φ's AIMD update after each step, and the last step's attended tokens."""
+        if not steps_s:
+            return
+        super().on_decode_run(steps_s, attended_tokens)
+        self.budget.observe(steps_s, stalls_s, link_busy_s)
+        self.last_attended = attended_tokens[-1]
 
     def quiet_decisions(
         self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool
@@ -383,20 +443,6 @@ class IoAdaptiveAdmission(Admission):
             return 0
         return super().quiet_decisions(waiting, batch, kv, free_blocks, disaggregated)
 
-    def observe(self, step_s: float, stall_s: float, link_busy_s: float) -> None:
-        self.budget.observe(step_s, stall_s, link_busy_s)
-
-    def on_decode_run(
-        self,
-        steps_s: list[float],
-        attended_tokens: list[int],
-        stalls_s: list[float] | None = None,
-        link_busy_s: list[float] | None = None,
-    ) -> None:
-        super().on_decode_run(steps_s, attended_tokens)
-        self.budget.observe_many(steps_s, stalls_s, link_busy_s)
-        self.last_attended = attended_tokens[-1]
-
     def dense_fallback(self, req: Request, kv: KvState, batch: DecodeBatch, reserved: float) -> bool:
         """Run ``req`` dense when the I/O bound holds it back, if (1) the pool keeps ``dense_headroom_frac`` free
         after its whole KV, (2) reading its context densely adds no more to a layer's time than the batch's
@@ -406,18 +452,18 @@ class IoAdaptiveAdmission(Admission):
         step is cheaper); dense is the fallback that uses spare HBM while the link is the bottleneck, never at the
         price of throughput or of the TPOT tail (so more HBM cannot make either worse).
         """
-        dense_worst = self.policy.blocks_one(req.total_tokens, False)
+        dense_worst = self.params.blocks_one(req.total_tokens, False)
         if dense_worst + self.dense_headroom_frac * kv.device.capacity > kv.device.free - reserved:
             return False
-        compute, n = self.policy.compute, len(batch)
+        compute, n = self.io.compute, len(batch)
         attended = self.last_attended + req.prompt_tokens + req.generated
         layer_s = compute.decode_layer_s(n + 1, attended)
         if n and layer_s - compute.decode_layer_s(n, self.last_attended) > layer_s / (n + 1):
             return False
-        if self.tpot_slo_s is None:
+        if self.io.tpot_slo_s is None:
             return True
         step_s = compute.num_layers * layer_s + compute.decode_head_s(n + 1) + compute.step_overhead_s
-        return step_s <= self.tpot_slo_s
+        return step_s <= self.io.tpot_slo_s
 
     def io_allows(self, kv: KvState, batch: DecodeBatch, taken_blocks: float) -> bool:
         """Predicted recall of the next step, with one more cold offloaded request, within φ × layer compute; and,
@@ -425,12 +471,12 @@ class IoAdaptiveAdmission(Admission):
         if kv.num_offloaded == 0:
             return True  # always let one in: with nothing offloaded there is no recall to protect
         free_after_bytes = max(kv.device.free - taken_blocks, 0) * kv.block_bytes
-        if not self.policy.cache_holds(kv.num_offloaded + 1, free_after_bytes):
+        if not self.io.cache_holds(kv.num_offloaded + 1, free_after_bytes):
             return False
         in_batch = np.count_nonzero(batch.offloaded)
         cold_in_batch = np.count_nonzero(batch.offloaded & batch.cold)
         waiting_prefill = kv.num_offloaded - in_batch  # admitted, still prefilling: cold when they join
         joining = waiting_prefill + 1
-        attended = self.last_attended + joining * self.sparse_tokens
-        layer_s = self.policy.compute.decode_layer_s(len(batch) + joining, attended)
+        attended = self.last_attended + joining * self.io.sparse_tokens
+        layer_s = self.io.compute.decode_layer_s(len(batch) + joining, attended)
         return self.budget.allows(in_batch - cold_in_batch, cold_in_batch + waiting_prefill, layer_s)

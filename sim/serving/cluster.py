@@ -180,11 +180,13 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
     merged.gather_busy_s = sum(rec.gather_busy_s for rec in recs) / len(recs)
     merged.d2h_busy_s = sum(rec.d2h_busy_s for rec in recs) / len(recs)
+    end_s = fleet.end_s(requests)  # the merged queue ends its mean backlog after the run (summarize subtracts it)
+    merged.d2h_free_s = end_s + sum(max(0.0, rec.d2h_free_s - end_s) for rec in recs) / len(recs)
     merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
     kv = replicas[0].kv
     summary = summarize(
         policy_name, requests, merged, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
-        fleet.end_s(requests), max(r.kv.device.peak for r in replicas),
+        end_s, max(r.kv.device.peak for r in replicas),
     )  # fmt: skip
     summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
     link_busy_s = sum(rec.link_busy_s for rec in recs)  # the bytes are every replica's: so is the busy time

@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.core import EmptySchedule, StopSimulation
 
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
@@ -83,18 +84,17 @@ class Fleet:
         """Start ``driver``, then run every replica's scheduler until all are done or the horizon.
 
         Requests that arrived but neither finished nor were rejected are recorded as unfinished with the
-        returned reason: :data:`HORIZON` (the horizon cut them) or :data:`STUCK` (nothing could make progress).
+        returned reason: :data:`HORIZON` (the horizon cut them) or :data:`STUCK` (nothing could make progress: no
+        event was left before every replica was done). An exception of a process (e.g. the layer pipeline's
+        deadlock ``RuntimeError``) propagates.
         """
         env = self.env
         env.process(driver)
         mains = [env.process(r.run()) for r in self.replicas]
         done = mains[0] if len(mains) == 1 else env.all_of(mains)
         horizon = self.scenario.run.horizon_s
-        try:
-            env.run(until=done if horizon is None else env.any_of([done, env.timeout(horizon)]))
-            reason = HORIZON
-        except RuntimeError:  # SimPy: no events left before `until` — nothing can make progress any more
-            reason = STUCK
+        until = done if horizon is None else env.any_of([done, env.timeout(horizon)])
+        reason = HORIZON if _run_until(env, until) else STUCK
         for replica, rec in zip(self.replicas, self.recorders):
             _collect_unfinished(replica, rec, reason)
         return reason
@@ -103,6 +103,20 @@ class Fleet:
         """When the run ended: the last finish, or the clock when a horizon cut it (or nothing finished)."""
         end_s = float(requests["finish_s"].max()) if self.scenario.run.horizon_s is None else self.env.now
         return self.env.now if np.isnan(end_s) else end_s
+
+
+def _run_until(env: simpy.Environment, until: simpy.Event) -> bool:
+    """``env.run(until=until)`` that tells an empty schedule apart from any other error: True when ``until`` fired,
+    False when no event was left before it (SimPy's ``run`` turns that case into a bare ``RuntimeError``, which an
+    error raised inside a process would then read as)."""
+    until.callbacks.append(StopSimulation.callback)
+    try:
+        while True:
+            env.step()
+    except StopSimulation:
+        return True
+    except EmptySchedule:
+        return False
 
 
 def _collect_unfinished(replica: Replica, rec: Recorder, reason: str) -> None:

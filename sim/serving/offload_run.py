@@ -1,18 +1,20 @@
-"""Skip-ahead over offloaded decode steps: runs whose steps recall, timed one after another in one pass.
+"""Skip-ahead runs of decode steps that recall: the next steps of a batch holding offloaded requests, timed one after
+another in one pass.
 
 A batch holding offloaded requests recalls at every step, and each step's recall is random, so no two steps cost
-the same; but between two events of other processes its steps still repeat one decision. :func:`plan_offloaded_run`
-computes the next k such steps' costs at once (sim/policies/offload_run.py: layer times, recall draws, interruptible
-plans as [k, ...] arrays), then times them in order (sim/step/run_kernel.py, compiled) through the same D2H queue,
-slowdown and interruptible or sequential layer pipeline that :func:`sim.step.timing.run_step` uses, carrying the
-link's state from step to step, and stops before
-the first step that would end at or after the next event (or that the timeline records). Nothing is changed until
-the replica applies the run (``Replica._offloaded_run``): the draws of steps that did not fit stay in their streams
-for the steps that follow. A run also ends where the dense one does (sim/serving/decode_run.py): at a step whose
-blocks do not fit, a request's last token, or a decision at which a queued request would join.
+the same; but between two events of other processes its steps still repeat one decision. :func:`next_offloaded_run`
+computes the next k such steps' costs at once (``OffloadServing.step_costs``, sim/policies/offload.py, the same
+definition a single step's cost is the k = 1 case of), then times them in order with the function that times a single
+step (``StepDevices.time_steps``, sim/step/pipeline.py, compiled: D2H queue, slowdown and interruptible or sequential
+layer pipeline), carrying the link's state from step to step, and stops before the first step that would end at or
+after the next event (or that the timeline records). Nothing is changed until the replica applies the run
+(``SkipAhead._offloaded_run``, sim/serving/skip_ahead.py): the draws of steps that did not fit stay in their streams
+for the steps that follow. A run also ends where a skip-ahead run of steps that recall nothing does
+(sim/serving/decode_run.py): at a step whose blocks do not fit, a request's last token, or a decision at which a
+queued request would join.
 
 Needs the compiled kernels (numba; otherwise every step is stepped) and a policy that
-:func:`~sim.policies.offload_run.runs_offloaded` covers (:func:`offload_runs_possible`).
+:meth:`~sim.policies.offload.OffloadServing.runs_offloaded` covers (:func:`offload_runs_possible`).
 """
 
 from __future__ import annotations
@@ -24,88 +26,49 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.policies.offload_run import OffloadRunCosts, offload_run_costs, runs_offloaded
-from sim.serving.decode_run import MAX_RUN_STEPS, fitting_steps, lands_exactly
+from sim.serving.decode_run import MAX_RUN_STEPS, DecodeRun, fitting_steps, lands_exactly
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
+from sim.step.cost import StepCosts
 from sim.step.draws import RecallDraws
 from sim.step.timing import StepDevices
 
 if TYPE_CHECKING:
     from sim.metrics.recorder import Recorder
     from sim.policies.base import Policy
-    from sim.serving.admission import Admission
     from sim.serving.arrivals import ArrivalSchedule
 
+RECALL_COUNTS = ("recall_bytes", "num_fragments", "num_transfers", "selected_fragments")  # StepCosts' [k]
 MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one offloaded run draws at once (~2 MiB an array)
 
 
 def offload_runs_possible(policy: Policy, devices: StepDevices, skip_ahead: bool) -> bool:
     """Whether a replica with this policy and devices can ever take an offloaded run: skip-ahead on, an offload
-    policy whose configuration :func:`~sim.policies.offload_run.runs_offloaded` covers, the compiled kernels
-    installed (``run.kernels`` not ``python``) and the closed-form layer timing (not ``layer_model: events``)."""
-    return (
-        skip_ahead
-        and hasattr(policy, "recall")
-        and runs_offloaded(policy)
-        and devices.fast_kernels
-        and not devices.layer_events
-    )
+    policy whose configuration :meth:`~sim.policies.offload.OffloadServing.runs_offloaded` covers, the compiled kernels
+    installed (``run.kernels`` not ``python``)."""
+    return skip_ahead and hasattr(policy, "recall") and policy.runs_offloaded() and devices.fast_kernels
 
 
 @dataclass(slots=True)
 class OffloadedRun:
-    """j ≥ 2 offloaded decode steps, timed; applied by the replica."""
+    """j ≥ 2 decode steps that recall, timed: the steps (what they leave on the batch, pools, admission and
+    recorder, applied by ``Replica._apply_run`` as a single step's are) and what they leave in the recall state and
+    the devices (:meth:`commit`, which a single step's ``Policy.step_cost`` and ``run_step`` leave themselves)."""
 
-    times_s: np.ndarray  # float64 [j + 1] step boundaries
-    costs: OffloadRunCosts  # arrays over the planned k ≥ j steps (the first j ran)
-    stall_s: np.ndarray  # float64 [j] per step
-    link_busy_s: np.ndarray  # float64 [j]
-    gather_busy_s: np.ndarray  # float64 [j]
-    layer_stall_s: np.ndarray  # float64 [j, L] (zeros for a step that recalled nothing)
+    run: DecodeRun  # the j steps, with their recall columns and per-layer records
+    costs: StepCosts  # arrays over the k ≥ j steps costed (the first j ran)
     link_free_s: float  # the link's queue end after the run
     d2h_free_s: float  # the D2H queue's end after the run
     d2h_busy_s: float  # D2H seconds queued since the replica started, after the run
-    ctx: np.ndarray  # int64 [n] after the run
-    blocks: np.ndarray  # int64 [n] after the run
-    allocated_blocks: np.ndarray  # int64 [j] since the run began, after each step
 
-    @property
-    def steps(self) -> int:
-        return len(self.times_s) - 1
-
-    def commit(
-        self, batch: DecodeBatch, devices: StepDevices, admission: Admission, recorder: Recorder, state_width: int
-    ) -> dict[str, np.ndarray]:
-        """What the run's steps leave in the recall state, the devices, the admission and the recorder's totals and
-        per-layer records, as stepping leaves them; returns the step table's recall columns (int64 / float64 [j])
-        for ``Recorder.record_decode_run``. The batch's tokens, blocks and step rows are the replica's part."""
-        k, times_s, costs, rec = self.steps, self.times_s, self.costs, recorder
-        state = batch.recall_state[batch.offloaded] if state_width else None
-        costs.recall.commit(k, state)
-        if state is not None:
-            batch.recall_state[batch.offloaded] = state
+    def commit(self, batch: DecodeBatch, devices: StepDevices) -> None:
+        """What the run's steps leave in the batch's recall state (their draws consumed, as a single step's
+        ``step_cost`` commits its own) and the devices' queues."""
+        self.costs.commit(self.run.steps, batch.recall_state, batch.offloaded)
         devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = self.link_free_s, self.d2h_free_s, self.d2h_busy_s
-        busy, gather = self.link_busy_s.tolist(), self.gather_busy_s.tolist()
-        steps_s = (times_s[1:] - times_s[:-1]).tolist()
-        admission.on_decode_run(steps_s, costs.attended_tokens[:k].tolist(), self.stall_s.tolist(), busy)
-        for link_s, gather_s in zip(busy, gather, strict=True):  # the totals add step by step, as stepping does
-            rec.link_busy_s += link_s
-            rec.gather_busy_s += gather_s
-        recalled = np.flatnonzero(costs.has_recall[:k])
-        rec.recall_steps += len(recalled)
-        rec.add_layers_run(
-            times_s[recalled], times_s[recalled + 1], costs.layer_bytes[recalled], costs.layer_fragments[recalled],
-            self.layer_stall_s[recalled],
-        )  # fmt: skip
-        return {
-            "recall_bytes": costs.recall_bytes[:k], "num_fragments": costs.num_fragments[:k],
-            "num_transfers": costs.num_transfers[:k], "selected_fragments": costs.selected_fragments[:k],
-            "stall_s": self.stall_s, "link_busy_s": self.link_busy_s, "gather_busy_s": self.gather_busy_s,
-        }  # fmt: skip
 
 
-def plan_offloaded_run(
+def next_offloaded_run(
     policy: Policy,
     batch: DecodeBatch,
     kv: KvState,
@@ -155,48 +118,46 @@ def plan_offloaded_run(
         return None
     ctx, held, need = ctx[:k], held[:k], need[:k]
     free_hbm_bytes = (kv.device.free - need) * kv.block_bytes
-    costs = offload_run_costs(pol, ctx, b.offloaded, b.cold, draws, b.recall_state, free_hbm_bytes)
-    from sim.step.run_kernel import time_run  # imports numba (loaded already by interruptible_fast)
-
-    d2h = devices.d2h
-    queues = d2h is not None and costs.d2h_bytes > 0
-    d2h_s = d2h.d2h_s(costs.d2h_bytes) if queues else -1.0
-    coupling = d2h.d2h_coupling if d2h is not None else 0.0
+    costs = pol.step_costs(ctx, b.offloaded, b.cold, draws, b.recall_state, free_hbm_bytes)
+    compute_s = costs.compute_s if costs.compute_s is not None else np.tile(costs.group_layer_s, (1, num_layers))
     seen, timeline_step = recorder.recall_steps, recorder.timeline_step
     stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
     bound_s = next_event_s
     while True:
-        j, times, stall, busy, gather, layer_stall, *state = time_run(
-            now_s, costs.layer_s, num_layers, costs.has_recall, costs.plan, costs.lookahead_items, costs.chunk_bytes,
-            overhead_s, head_s, (d2h_s, coupling, d2h is not None),
-            (devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s), bound_s, stop_recall, costs.sequential,
+        timed = devices.time_steps(
+            now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.plan, costs.lookahead_items,
+            costs.chunk_bytes, costs.sequential, bound_s, stop_recall,
         )  # fmt: skip
+        j, times = timed.steps, timed.times_s
         if j < 2 or arrivals is None or not arrivals.at(float(times[j])):
             break
         bound_s = float(times[j])  # never end exactly at an arrival: time the run again, ending a step earlier
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None
-    return OffloadedRun(
-        times[: j + 1], costs, stall[:j], busy[:j], gather[:j], layer_stall[:j], *state,
-        ctx[j - 1].copy(), held[j - 1].copy(), need[:j],
+    recalled = np.flatnonzero(costs.has_recall[:j]).tolist()
+    recall = {name: getattr(costs, name)[:j].tolist() for name in RECALL_COUNTS}
+    recall.update(
+        stall_s=timed.stall_s[:j].tolist(), link_busy_s=timed.link_busy_s[:j].tolist(),
+        gather_busy_s=timed.gather_busy_s[:j].tolist(),
     )  # fmt: skip
+    run = DecodeRun(
+        times[: j + 1].tolist(), costs.attended_tokens[:j].tolist(), ctx[j - 1].copy(), held[j - 1].copy(),
+        need[:j].tolist(), recall, recalled, costs.layer_bytes[recalled], costs.layer_fragments[recalled],
+        timed.item_stall_s[recalled],
+    )  # fmt: skip
+    return OffloadedRun(run, costs, timed.link_free_s, timed.d2h_free_s, timed.d2h_busy_s)
 
 
 def preload_kernels() -> None:
     """Load the compiled kernels offloaded runs use (numba's import and its cached machine code, ~0.4 s once per
     process) by calling each on a tiny input, so a simulation that will offload pays it before its event loop
     rather than at its first offloaded step (``Fleet.preload_kernels``). Changes no state of any simulation."""
-    from sim.step.kernels import interruptible_arrays
-    from sim.step.recall_run import _drift
-    from sim.step.run_kernel import time_run
+    from sim.step.recall import drift_steps
 
-    jobs = np.zeros((1, 4))
-    interruptible_arrays(0.0, np.ones(1), jobs, jobs, 1, 1.0, 0.0)
+    one = np.ones((1, 1))
+    devices = StepDevices(None)  # no D2H queue, nothing simulated
+    devices.time_steps(0.0, one, np.ones(1, dtype=bool), 0.0, 0.0, 0, (np.zeros((1, 1, 4)),) * 2)
+    devices.time_steps(0.0, one, np.ones(1, dtype=bool), 0.0, 0.0, 0, sequential=(one, one))
     z = np.zeros((1, 1))
     z.flags.writeable = False  # the streams' views are read-only: load that signature
-    _drift(np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False)
-    plans = np.zeros((1, 1, 4))
-    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), (plans, plans), 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
-             (0.0, 0.0, 0.0), 1.0)  # fmt: skip
-    time_run(0.0, np.ones(1), 1, np.ones(1, dtype=bool), None, 1, 1.0, 0.0, 0.0, (-1.0, 0.0, False),
-             (0.0, 0.0, 0.0), 1.0, sequential=(np.zeros((1, 1)), np.zeros((1, 1))))  # fmt: skip
+    drift_steps(np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False)

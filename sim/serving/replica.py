@@ -7,10 +7,11 @@ One iteration of :meth:`Replica.run`:
    request that does not fit, like SGLang's ``PrefillAdder``). Who may join is the policy's admission
    object's decision (sim/serving/admission.py: device blocks plus a future-token reservation; host DRAM
    for offloaded requests; IO-adaptive admission also bounds predicted recall).
-2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (preempting
-   requests with the fewest generated tokens while the pool is short, SGLang ``retract_decode``), ask
-   the policy what the step costs, time it (sim/step/timing.py ``run_step``), advance every request
-   and finish those that are done.
+2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (block growth,
+   sim/serving/decode_run.py ``grown_blocks``; preempting requests with the fewest generated tokens while the pool
+   is short, SGLang ``retract_decode``), ask the policy what the step costs, time it (sim/step/timing.py
+   ``run_step``), then apply what it leaves behind as a run of one (:meth:`Replica._apply_run`, the code that
+   applies a skip-ahead run): advance every request, record the step and finish those that are done.
 3. **Else sleep** until the next arrival.
 
 With ``serving.prefill: disaggregated`` step 1 changes: arrivals queue for a pool of remote prefill GPUs
@@ -19,12 +20,12 @@ the decode GPU, and admission moves it straight into the decode batch with no fo
 preempted request goes back through remote prefill. ``serving.prefill: none`` is the same path with
 prefill costing no time (requests arrive with their KV cached; used to validate against the engine).
 
-Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) happen after each forward;
+Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) happen after each forward or run;
 the replica itself only schedules. Token bookkeeping is in sim/serving/request.py.
 
 Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
-plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, sim/serving/decode_run.py) computes a
-run of decode steps in which nothing but the step index changes at once: no recall, no event of another process,
+plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, sim/serving/skip_ahead.py) takes a
+skip-ahead run of decode steps in which nothing but the step index changes at once: no event of another process,
 no admission, finish or preemption before its last step (docs/design.md §13; tested equal to stepping).
 """
 
@@ -40,6 +41,7 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics.recorder import Recorder
+from sim.serving import decode_run
 from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.kv import KvState, device_pool_blocks
@@ -47,7 +49,6 @@ from sim.serving.offload_run import offload_runs_possible
 from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import DecodeBatch, Request
 from sim.serving.skip_ahead import SkipAhead
-from sim.step.cost import StepCost
 from sim.step.draws import RecallDraws
 from sim.step.timing import StepDevices, run_step
 
@@ -101,7 +102,7 @@ class Replica(SkipAhead):
             prefix,
         )
         self.kv.clock = lambda: env.now
-        self.devices = StepDevices(env, scenario.run.layer_model == "events", hw, scenario.run.kernels)
+        self.devices = StepDevices(env, hw, scenario.run.kernels)
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
         # Skip-ahead's bounds. next_event_s: the next event that can change this replica's decisions (any event by
@@ -110,7 +111,7 @@ class Replica(SkipAhead):
         # fixed in advance narrow both (:meth:`arrivals`, sim/serving/cluster.py).
         self.next_event_s: Callable[[], float] = env.peek
         self.arrivals_ahead: ArrivalSchedule | None = None
-        # runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
+        # skip-ahead runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
         self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
@@ -316,41 +317,79 @@ class Replica(SkipAhead):
                     r.decode_admit_s = now
         self.batch.add(joining)
         tokens = sum(take for _, take in chunks)
-        self._record("prefill", start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens, None, 0.0, 0.0)
+        self._record_prefill(start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens)
 
     # ---- decode ----------------------------------------------------------------------------------
     def _decode_step(self) -> Generator[simpy.Event, object, None]:
+        """One decode step, stepped: its blocks (evicting or preempting while the pool is short), its cost (the
+        policy) and its timing (sim/step/timing.py), then what it leaves behind, applied as a run of one."""
         env, b, pol, rec = self.env, self.batch, self.policy, self.rec
         start = env.now
-        self._grow_or_preempt()
+        ctx, held, need = self._grow_or_preempt()
         if self.swap_s > 0:  # retraction offloads and resume loads block the scheduler (synchronous copies)
             swap_s, self.swap_s = self.swap_s, 0.0
             yield from self.devices.run_forward(swap_s)
         if not len(b):
             return
-        ctx = b.ctx + 1
         free_hbm_bytes = self.kv.device.free * self.kv.block_bytes
-        cost = pol.step_cost(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
+        cost = pol.step_cost(ctx[0], b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
         timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)
+        run = decode_run.DecodeRun([start, env.now], [cost.attended_tokens], ctx[0], held[0], need.tolist())
         stall = busy = gather = 0.0
-        if timing is not None:
+        if timing is not None:  # it recalled
             stall, busy, gather = timing.stall_s, timing.link_busy_s, timing.gather_busy_s
             groups = len(timing.layer_stall_s) // len(cost.layer_bytes)
             layer_stall = np.asarray(timing.layer_stall_s).reshape(-1, groups).sum(axis=1)
-            rec.add_layers(start, cost.layer_bytes, cost.layer_fragments, layer_stall, env.now)
+            run.recalled, run.layer_bytes, run.layer_stall_s = [0], cost.layer_bytes[None], layer_stall[None]
+            run.layer_fragments = cost.layer_fragments[None]
             if intervals is not None:
                 rec.set_timeline(rec.next_step_id, groups, intervals)
-        self.admission.observe(env.now - start, stall, busy)
-        b.ctx = ctx
-        b.generated += 1
+        if recalls or cost.recall_bytes or cost.num_fragments or cost.num_transfers or cost.selected_fragments:
+            run.recall = {
+                "recall_bytes": [cost.recall_bytes], "num_fragments": [cost.num_fragments],
+                "num_transfers": [cost.num_transfers], "selected_fragments": [cost.selected_fragments],
+                "stall_s": [stall], "link_busy_s": [busy], "gather_busy_s": [gather],
+            }  # fmt: skip
+        self._apply_run(run)
+
+    def _apply_run(self, run: decode_run.DecodeRun) -> None:
+        """What k ≥ 1 decode steps leave behind (a single step is a run of one; a skip-ahead run, sim/serving/
+        skip_ahead.py, has k ≥ 2), whose blocks are allocated already (a step's at its start, a run's before this):
+        the admission's feedback, the recorder's totals, per-layer records and step rows, the batch advanced, and
+        the requests that finished. (A run's recall state and link queues are left by ``OffloadedRun.commit``, a
+        step's by the policy's cost and ``run_step``.)"""
+        b, kv, rec = self.batch, self.kv, self.rec
+        k, times_s, attended, recall = run.steps, run.times_s, run.attended_tokens, run.recall
+        steps_s = [end - start for start, end in zip(times_s, times_s[1:])]
+        if recall is None:
+            self.admission.on_decode_run(steps_s, attended)
+        else:
+            busy = recall["link_busy_s"]
+            self.admission.on_decode_run(steps_s, attended, recall["stall_s"], busy)
+            for link_s, gather_s in zip(busy, recall["gather_busy_s"], strict=True):  # the totals add step by step
+                rec.link_busy_s += link_s
+                rec.gather_busy_s += gather_s
+        if run.recalled is not None:
+            rec.recall_steps += len(run.recalled)
+            starts_s, ends_s = [times_s[i] for i in run.recalled], [times_s[i + 1] for i in run.recalled]
+            rec.add_layers(starts_s, ends_s, run.layer_bytes, run.layer_fragments, run.layer_stall_s)
+        allocated = run.allocated_blocks
+        before = kv.device.used - allocated[-1]
+        blocks_used = [before + blocks for blocks in allocated]  # after each step
+        hbm_bytes = [kv.fixed_hbm_bytes + used * kv.block_bytes for used in blocks_used]
+        b.ctx, b.blocks = run.ctx, run.blocks
+        b.generated += k
         b.cold[:] = False
-        rec.link_busy_s += busy
-        rec.gather_busy_s += gather
-        self._record("decode", start, len(b), np.count_nonzero(b.offloaded), 0, cost, stall, busy, gather)
-        rec.decode_tokens += len(b)
-        self.admission.on_decode_step(cost.attended_tokens)
+        if self.debug:
+            self._check_invariants(hbm_bytes[-1])
+        rec.d2h_busy_s, rec.d2h_free_s = self.devices.d2h_busy_s, self.devices.d2h_free_s
+        rec.record_decode_run(
+            times_s[:-1], steps_s, len(b), np.count_nonzero(b.offloaded), attended, blocks_used, hbm_bytes,
+            kv.host.used, recall,
+        )  # fmt: skip
+        rec.decode_tokens += len(b) * k
         self._finish_done()
 
     def _finish_done(self) -> None:
@@ -368,33 +407,43 @@ class Replica(SkipAhead):
         tokens = sum(take for r, take in chunks if r.offloaded)
         self.devices.queue_d2h(self.env.now, tokens * self.scenario.model.kv_bytes_per_token)
 
-    def _grow_or_preempt(self) -> None:
-        """Allocate the blocks the next token needs; preempt requests while the pool is short."""
-        b, pol = self.batch, self.policy
-        while len(b):
-            new_blocks = pol.device_blocks(b.ctx + 1, b.offloaded)
-            need = int((new_blocks - b.blocks).sum())
-            if self.kv.device.allocate(need) or (self.kv.make_room(need) and self.kv.device.allocate(need)):
-                b.blocks = new_blocks  # (unreferenced prefix-cache nodes are evicted before anyone is preempted)
-                return
-            # Preemption as SGLang retract_decode: fewest generated tokens first, then the longest prompt.
-            victim = int(np.lexsort((-b.prompt, b.generated))[0])
-            mask = np.zeros(len(b), dtype=bool)
-            mask[victim] = True
-            (req,) = b.remove(mask)
-            self.kv.release(req)
-            req.num_preemptions += 1
-            if self.swap:  # KV to host, back at the head of the queue (SGLang PD decode retraction)
-                ctx = req.prompt_tokens + req.generated - 1
-                self.swap_s += ctx * self.policy.model.kv_bytes_per_token / self.d2h_bps
-                req.swapped = True
-                self.waiting.appendleft(req)
-            elif self.disaggregated:
-                self._to_prefill(req)
-            else:
-                self.waiting.appendleft(req)  # re-prefilled first
-            self.admission.on_preempt(b)
-            self.rec.num_preemptions += 1
+    def _grow_or_preempt(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Allocate the blocks the next decode step needs, preempting requests while the pool is short (unreferenced
+        prefix-cache nodes are evicted before anyone is preempted); returns the step's block growth
+        (:func:`~sim.serving.decode_run.grown_blocks` of one step, over the requests left)."""
+        b = self.batch
+        while True:
+            ctx, held, need = decode_run.grown_blocks(self.policy, b, 1)
+            blocks = int(need[0])
+            if (
+                not len(b)
+                or self.kv.device.allocate(blocks)
+                or (self.kv.make_room(blocks) and self.kv.device.allocate(blocks))
+            ):
+                b.blocks = held[0]
+                return ctx, held, need
+            self._preempt()
+
+    def _preempt(self) -> None:
+        """Preempt one request as SGLang ``retract_decode``: fewest generated tokens first, then the longest prompt."""
+        b = self.batch
+        victim = int(np.lexsort((-b.prompt, b.generated))[0])
+        mask = np.zeros(len(b), dtype=bool)
+        mask[victim] = True
+        (req,) = b.remove(mask)
+        self.kv.release(req)
+        req.num_preemptions += 1
+        if self.swap:  # KV to host, back at the head of the queue (SGLang PD decode retraction)
+            ctx = req.prompt_tokens + req.generated - 1
+            self.swap_s += ctx * self.policy.model.kv_bytes_per_token / self.d2h_bps
+            req.swapped = True
+            self.waiting.appendleft(req)
+        elif self.disaggregated:
+            self._to_prefill(req)
+        else:
+            self.waiting.appendleft(req)  # re-prefilled first
+        self.admission.on_preempt(b)
+        self.rec.num_preemptions += 1
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def _finish(self, req: Request) -> None:
@@ -413,28 +462,14 @@ class Replica(SkipAhead):
         if req.done is not None:
             req.done.succeed(req)
 
-    def _record(
-        self,
-        phase: str,
-        start_s: float,
-        batch_size: int,
-        num_offloaded: int,
-        prefill_tokens: int,
-        cost: StepCost | None,
-        stall_s: float,
-        link_busy_s: float,
-        gather_busy_s: float = 0.0,
-    ) -> None:
+    def _record_prefill(self, start_s: float, batch_size: int, num_offloaded: int, prefill_tokens: int) -> None:
         kv = self.kv
         hbm = kv.hbm_used_bytes
         if self.debug:
             self._check_invariants(hbm)
+        self.rec.d2h_busy_s, self.rec.d2h_free_s = self.devices.d2h_busy_s, self.devices.d2h_free_s
         state = (kv.device.used, hbm, kv.host.used)
-        self.rec.d2h_busy_s = self.devices.d2h_busy_s
-        self.rec.record_step(
-            phase, start_s, self.env.now, batch_size, num_offloaded, prefill_tokens, cost, stall_s, link_busy_s, state,
-            gather_busy_s,
-        )  # fmt: skip
+        self.rec.record_prefill(start_s, self.env.now, batch_size, num_offloaded, prefill_tokens, state)
 
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""

@@ -1,10 +1,11 @@
-"""Skip-ahead, applied: the replica's methods that run a planned run of decode steps at once.
+"""Skip-ahead, applied: the replica's methods that take a skip-ahead run of decode steps when one qualifies.
 
-The planning lives beside the models it reads — sim/serving/decode_run.py (steps that recall nothing) and
-sim/serving/offload_run.py (steps that recall) — and this mixin of :class:`~sim.serving.replica.Replica` applies
-a plan with one timeout and leaves behind exactly what stepping one decode step at a time leaves: the clock, the
-batch, the pools, the admission's feedback, the step rows and the finished requests (tests/sim/test_skip_ahead.py,
-tests/sim/test_offload_run.py; docs/design.md §13).
+The skip-ahead runs are computed beside the models they read — sim/serving/decode_run.py (steps that recall
+nothing) and sim/serving/offload_run.py (steps that recall) — and this mixin of
+:class:`~sim.serving.replica.Replica` waits for one with one timeout, allocates its blocks and applies it with
+``Replica._apply_run``, the same code that applies a single decode step (a run of one): the clock, the batch, the
+pools, the admission's feedback, the step rows and the finished requests are what stepping leaves
+(tests/sim/test_skip_ahead.py, tests/sim/test_offload_run.py; docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Generator
 import numpy as np
 import simpy
 
-from sim.serving.decode_run import plan_decode_run
-from sim.serving.offload_run import plan_offloaded_run
+from sim.serving.decode_run import DecodeRun, next_decode_run
+from sim.serving.offload_run import next_offloaded_run
 
 
 class SkipAhead:
@@ -31,55 +32,32 @@ class SkipAhead:
         if self.chunked is not None or self.swap_s > 0:
             return False
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
-        run = plan_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals)
+        run = next_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals)
         if run is None:
             return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run())
-        times_s = run.times_s
-        yield env.timeout(float(times_s[-1]) - env.now)
-        self.admission.on_decode_run((times_s[1:] - times_s[:-1]).tolist(), run.attended_tokens.tolist())
-        self._apply_run(times_s, run.attended_tokens, run.ctx, run.blocks, run.allocated_blocks)
+        yield env.timeout(float(run.times_s[-1]) - env.now)
+        self._take_blocks(run)
+        self._apply_run(run)
         return True
 
     def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
-        """A run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run` does."""
+        """A skip-ahead run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run`
+        applies one, after what it leaves in the recall state and the devices (``OffloadedRun.commit``)."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
-        run = plan_offloaded_run(
+        offloaded = next_offloaded_run(
             self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals
         )
-        if run is None:
+        if offloaded is None:
             return False
-        yield env.timeout(float(run.times_s[-1]) - env.now)
-        recall = run.commit(b, dev, self.admission, rec, self.policy.recall_state_width)
-        self._apply_run(
-            run.times_s, run.costs.attended_tokens[: run.steps], run.ctx, run.blocks, run.allocated_blocks, recall
-        )
+        yield env.timeout(float(offloaded.run.times_s[-1]) - env.now)
+        offloaded.commit(b, dev)
+        self._take_blocks(offloaded.run)
+        self._apply_run(offloaded.run)
         return True
 
-    def _apply_run(
-        self,
-        times_s: np.ndarray,
-        attended: np.ndarray,
-        ctx: np.ndarray,
-        blocks: np.ndarray,
-        allocated_blocks: np.ndarray,
-        recall: dict[str, np.ndarray] | None = None,
-    ) -> None:
-        """What a run's k steps leave behind: blocks allocated, the batch advanced, step rows, finished requests."""
-        b, kv = self.batch, self.kv
-        k = len(attended)
-        blocks_used = kv.device.used + allocated_blocks
-        allocated = kv.device.allocate(int(allocated_blocks[-1]))
+    def _take_blocks(self, run: DecodeRun) -> None:
+        """Allocate the blocks a skip-ahead run's steps grew by (:func:`~sim.serving.decode_run.fitting_steps` found
+        that they fit)."""
+        allocated = self.kv.device.allocate(int(run.allocated_blocks[-1]))
         assert allocated, "skip-ahead allocated more blocks than were free"
-        b.ctx, b.blocks = ctx, blocks
-        b.generated += k
-        b.cold[:] = False
-        hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
-        if self.debug:
-            self._check_invariants(int(hbm_bytes[-1]))
-        self.rec.d2h_busy_s = self.devices.d2h_busy_s
-        self.rec.record_decode_run(
-            times_s, len(b), np.count_nonzero(b.offloaded), attended, blocks_used, hbm_bytes, kv.host.used, recall
-        )
-        self.rec.decode_tokens += len(b) * k
-        self._finish_done()

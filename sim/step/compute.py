@@ -97,54 +97,30 @@ class ComputeModel:
         nbytes = tokens * self.activation_bytes_per_token
         return 2.0 * allreduce_s(nbytes, self.tp_size, self.nvlink_gbps, self.nvlink_latency_us)
 
-    def decode_layer_s(self, batch_size: int, attended_tokens: int) -> float:
-        """One decoder layer of one decode step.
+    def decode_layer_s(self, batch_size: int, attended_tokens: int | np.ndarray) -> float | np.ndarray:
+        """One decoder layer of one decode step, or of k steps of one batch size at once (numpy broadcasting: the
+        same float operations in the same order, so each step's time is the one a scalar call gives).
 
         Args:
             batch_size: requests in the step (one new token each).
-            attended_tokens: KV tokens read by attention, summed over the batch (block summaries read
-                by selection count as tokens: one summary is the size of one token's K and V).
-        """
-        if self.profile is not None:
-            base, per_request, per_token = self._layer
-            return base + per_request * batch_size + per_token * attended_tokens
-        if self.tp_size > 1:
-            return self._roofline_layer_s(batch_size, attended_tokens) + self.allreduce_layer_s(batch_size)
-        return self._roofline_layer_s(batch_size, attended_tokens)
-
-    def decode_layer_s_many(self, batch_size: int, attended_tokens: np.ndarray) -> np.ndarray:
-        """:meth:`decode_layer_s` for one batch size and many attended-token totals, bit for bit (the same
-        operations in the same order, vectorised; a decode run that skip-ahead computes at once).
-
-        Args:
-            batch_size: requests in each step.
-            attended_tokens: int64 [k] KV tokens read per layer in each of k steps, summed over the batch.
+            attended_tokens: KV tokens read by attention, summed over the batch: an int, or int64 [k] for k steps
+                (block summaries read by selection count as tokens: one summary is the size of one token's K and V).
 
         Returns:
-            float64 [k] seconds of one layer in each step.
+            Seconds: a float, or float64 [k].
         """
-        att = np.asarray(attended_tokens, dtype=np.int64)
         if self.profile is not None:
             base, per_request, per_token = self._layer
-            return (base + per_request * batch_size) + per_token * att
+            return (base + per_request * batch_size) + per_token * attended_tokens
         nbytes = (
             self.shared_weight_bytes_layer + self.experts_touched(batch_size) * self.expert_bytes
-        ) + att * self.kv_bytes_per_token_per_layer
-        flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * att
-        layer_s = np.maximum(nbytes / self.bandwidth_bps, flops / self.flops_per_s)
-        if self.tp_size > 1:
-            layer_s = layer_s + self.allreduce_layer_s(batch_size)
-        return layer_s
-
-    def _roofline_layer_s(self, batch_size: int, attended_tokens: int) -> float:
-        """One GPU's bandwidth/FLOP roofline of one decode layer."""
-        nbytes = (
-            self.shared_weight_bytes_layer
-            + self.experts_touched(batch_size) * self.expert_bytes
-            + attended_tokens * self.kv_bytes_per_token_per_layer
-        )
+        ) + attended_tokens * self.kv_bytes_per_token_per_layer
         flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * attended_tokens
-        return max(nbytes / self.bandwidth_bps, flops / self.flops_per_s)
+        memory_s, flops_s = nbytes / self.bandwidth_bps, flops / self.flops_per_s
+        layer_s = np.maximum(memory_s, flops_s) if isinstance(memory_s, np.ndarray) else max(memory_s, flops_s)
+        if self.tp_size > 1:
+            return layer_s + self.allreduce_layer_s(batch_size)
+        return layer_s
 
     def decode_head_s(self, batch_size: int) -> float:
         """LM head and sampling of one decode step (after the last layer)."""

@@ -6,10 +6,10 @@ shared generator their order interleaves step by step, so k steps cannot be draw
 numbers. With one generator per kind, the values a kind yields depend only on how many were taken before, never
 on how they were grouped: ``take(a)`` then ``take(b)`` equals ``take(a + b)`` (numpy's ``Generator`` fills its
 output element by element from its bit stream, with no state carried between elements beyond that stream;
-tests/sim/test_draws.py checks each kind). The per-step reference path (``OffloadPolicy.step_cost``) and the
-skip-ahead over offloaded steps (sim/policies/offload_run.py) therefore see the same numbers on the same seed.
+tests/sim/test_draws.py checks each kind). So the recall model draws k steps at once (``RecallModel.run``,
+sim/step/recall.py) and a single step, a run of one, sees the numbers it would see within a longer run.
 
-``peek`` reads ahead without consuming, so a skip-ahead that ends up shorter than planned (a step overran the next
+``peek`` reads ahead without consuming, so a skip-ahead run that ends up shorter than computed (a step overran the next
 event) hands the unused draws to the steps that follow.
 """
 

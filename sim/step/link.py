@@ -8,7 +8,8 @@ Link (one H2D DMA queue per GPU; copy engines are per direction, docs/sources.md
                                              (h2d_size_table; sizes outside the table take the nearest
                                              point's rate)
 
-Per layer, by the policy's ``io`` (N fragments, ``bytes`` in all):
+Per layer, by the link mode (:data:`LINK_IO_MODES`: the policy's ``io``, or ``streamed`` for its gather-scatter
+under the interruptible pipeline; N fragments, ``bytes`` in all):
 
 * ``per_fragment`` — one ``cudaMemcpyAsync`` per fragment: N · max(c, t(bytes / N)), where c =
   ``h2d_call_us`` is the host-side cost of issuing one copy, serial on the issuing thread (docs/sources.md
@@ -45,6 +46,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config import HardwareSpec
+from sim.config.policy import IO_MODES
+from sim.step.pipeline import h2d_slowdown
 
 
 def table_copy_s(sizes: np.ndarray, log_sizes: np.ndarray, table_bps: np.ndarray) -> np.ndarray:
@@ -53,7 +56,9 @@ def table_copy_s(sizes: np.ndarray, log_sizes: np.ndarray, table_bps: np.ndarray
     return sizes / np.interp(np.log(sizes), log_sizes, table_bps)
 
 
-IO_MODES = ("per_fragment", "batched", "gather_scatter", "streamed", "gpu_gather")
+# How the link model charges a layer's recall: a policy's ``io`` (sim.config.policy.IO_MODES), or ``streamed``
+# (gather-scatter in chunks, what ``gather_scatter`` becomes under the interruptible pipeline).
+LINK_IO_MODES: tuple[str, ...] = (*IO_MODES, "streamed")
 
 
 class LinkModel:
@@ -114,7 +119,7 @@ class LinkModel:
         for ``streamed`` the job's completion is :meth:`streamed_s` of the two.
 
         Raises:
-            ValueError: for an unknown ``io``.
+            ValueError: ``io`` is not one of :data:`LINK_IO_MODES`.
         """
         nbytes = np.asarray(nbytes, dtype=float)
         fragments = np.asarray(fragments, dtype=float)
@@ -129,7 +134,7 @@ class LinkModel:
         if io == "gpu_gather":
             return zero, np.where(some, self.gg_launch_s + (nbytes + n * self.gg_half_bytes) / self.gg_bps, 0.0)
         if io not in ("gather_scatter", "streamed"):
-            raise ValueError(f"io={io!r} must be one of {IO_MODES}")
+            raise ValueError(f"io={io!r} must be one of {LINK_IO_MODES}")
         gather = np.where(
             some, fragments * self.gather_fragment_s / self.gather_threads + nbytes / self.gather_bps, 0.0
         )
@@ -140,7 +145,7 @@ class LinkModel:
         chunk j+1 while the link copies chunk j, so the job takes ``t0 + max(g, body) + first · min(g, body)``
         where ``body`` = copy − t0 and ``first`` = the first chunk's share of the bytes (no overlap for it).
 
-        Accounting (sim/step/interrupt.py): the link is held for the whole job — a waiting link takes no
+        Accounting (sim/step/pipeline.py): the link is held for the whole job — a waiting link takes no
         other job except by pre-emption at a chunk boundary — but only ``copy`` counts as link busy time;
         the rest is the link idling on the gather, which counts as gather busy time.
         """
@@ -167,11 +172,9 @@ class LinkModel:
         return nbytes / self.d2h_bps if nbytes > 0 else 0.0
 
     def d2h_slowdown(self, d2h_busy_s: float, step_s: float) -> float:
-        """Factor (≥ 1) stretching H2D times in a step of ``step_s`` during ``d2h_busy_s`` of which D2H runs."""
-        if d2h_busy_s <= 0 or self.d2h_coupling == 0 or step_s <= 0:
-            return 1.0
-        busy = min(1.0, d2h_busy_s / step_s)
-        return 1.0 / (1.0 - self.d2h_coupling * busy)
+        """:func:`sim.step.pipeline.h2d_slowdown` (where the layer pipeline's compiled source lives) on this card's
+        coupling."""
+        return h2d_slowdown(d2h_busy_s, step_s, self.d2h_coupling)
 
     def achieved_gbps(self, nbytes: float, seconds: float) -> float:
         """Bytes over seconds in GB/s (1e9 B/s); 0 when nothing moved."""

@@ -1,7 +1,7 @@
-"""The layer pipeline of one decode step: recall over the H2D link overlapped with layer compute.
+"""The layer pipeline of decode steps: from what k consecutive steps cost to when each ends (one definition, any k).
 
-Per step, with per-layer host gather times ``g[l]``, link times ``r[l]`` and compute times ``c[l]``
-(one-layer look-ahead)::
+**Sequential pipeline** (one-layer look-ahead). Per step, with per-layer host gather times ``g[l]``, link times
+``r[l]`` and compute times ``c[l]``::
 
     recall l   issued at  t0 (l = 0) or when compute of layer l-1 starts (l ≥ 1)
     gather l   starts at  max(issue, host free)            — gather-scatter only; g = 0 otherwise; the
@@ -9,65 +9,123 @@ Per step, with per-layer host gather times ``g[l]``, link times ``r[l]`` and com
     copy l     starts at  max(gather l end, link free)     — one H2D DMA queue per GPU, FIFO
     compute l  starts at  max(compute l-1 end, copy l end) — stall = the wait on the recall
 
-Model assumption (docs/design.md, mechanism 3, first version): selection for layer l+1 is known when layer l
-starts (speculated from layer l's input), so layer l+1's recall overlaps layer l's compute; layer 0's
-recall cannot start before the step does.
+Model assumption (docs/design.md, mechanism 3, first version): selection for layer l+1 is known when layer l starts
+(speculated from layer l's input), so layer l+1's recall overlaps layer l's compute; layer 0's recall cannot start
+before the step does.
 
-Two implementations give the same times: :func:`run_closed_form` (a recurrence over layers, the default,
-O(num_layers) with no events) and :func:`run_events` (a SimPy process in which the link and the GPU
-stream are real ``simpy.Resource`` objects). ``tests/sim/test_pipeline.py`` checks they agree.
+**Interruptible pipeline** (docs/design.md mechanism 3, our reading). The step is a sequence of GPU work items
+(layer l of micro-batch g, in the order the GPU runs them: (g0,l0), (g1,l0), (g0,l1), ...). Item i needs its recall
+before it computes:
+
+* a **prefetch** job (the blocks a speculative selection knows early) released when item i − K starts computing
+  (K = look-ahead in items = lookahead_layers × micro_batches; at step start for i < K);
+* a **correction** job (blocks the early selection got wrong, fetched once the true selection is known) released
+  when item i − 1 finishes, i.e. when item i is about to compute. It is **urgent**.
+
+The H2D link serves one job at a time in chunks of ``chunk_bytes``. Jobs are ranked (urgent first, then the earliest
+item); a job released with a better rank than the one in service takes the link at the next chunk boundary of the
+job in service (pre-emption), which resumes later. Without pre-emption (the sequential pipeline) a whole layer's copy
+runs to completion, FIFO. When a job is released at the very instant the link picks its next job, the link has
+already picked (FIFO at ties); the new job then takes over at the first chunk boundary. Model assumptions
+(sim/config/policy.py ``OffloadPolicy``): the selection for a layer d layers ahead is known when the current layer
+starts, and a fraction ``late_correction_frac × (d − 1)`` (capped at 1) of its blocks is wrong and must be fetched as
+the urgent correction; with d = 1 the speculative selection is exact, as in the sequential pipeline. A gather-scatter
+job streams (sim/step/link.py ``LinkModel.streamed_s``): it holds the link for its whole service time, but only its
+copy share counts as link busy time and its gather share as host-gather busy time (a pre-empted job's busy time is
+split in the same proportions). The event loop has three timers (GPU end, link done, pre-emption check) and a binary
+heap of ready jobs keyed by rank: the urgent correction of item i has key i, the prefetch of item i key n + i.
+
+**Steps in order** (:func:`time_steps`). Each step starts where the previous one ended, from the link's queue the
+previous step left: its offload writes join the D2H queue (:func:`fifo_end_s`), its H2D copies stretch by the D2H
+slowdown (:func:`h2d_slowdown`, :func:`stretch`), one of the two pipelines runs from
+``start + overhead``, and the clock advances by ``end + head − start`` as a SimPy timeout of that delay does; a step
+that recalls nothing advances it by :func:`idle_step_s`. A single decode step (sim/step/timing.py ``run_step``) is a
+run of one; skip-ahead (sim/serving/offload_run.py) times k steps at once and stops before the first step that ends
+at or after the next event of another process, or that would be the ``stop_recall``-th step that recalls.
+
+**Compiled.** The functions below are plain Python. :func:`compiled_time_steps` compiles copies of them with numba
+(installed with the ``fast`` extra; cached on disk, so only the first run on a machine compiles), which call each
+other's compiled copies; ``run.kernels: python`` runs them as they are. Every compiled function lives in this file:
+numba's cache notices a change to the file of a cached function, not to the files of the functions it calls.
+Per-step reference implementations of both pipelines live in tests/sim/oracles/step_timing.py and are tested equal
+to these (tests/sim/test_kernels.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+import math
+import types
 
-import simpy
+import numpy as np
 
-
-@dataclass(slots=True)
-class StepTiming:
-    """Result of one step's layer pipeline (seconds on the simulation clock)."""
-
-    end_s: float  # when the last layer's compute ends
-    stall_s: float  # total time the GPU waited on recalls
-    link_busy_s: float  # total H2D time of the recalls
-    link_free_s: float  # when the link is next free
-    layer_stall_s: list[float]  # per layer
-    gather_busy_s: float = 0.0  # total host-gather time of the recalls (not link time)
+# Interval kinds of the timeline (the recorded step's intervals, column 0 of the intervals array).
+COMPUTE, GATHER, TRANSFER = 0, 1, 2
+INTERVAL_KINDS = ("compute", "gather", "transfer")
+# float state slots of the interruptible loop
+_SEG, _LINK_FREE, _LINK_DONE, _CHECK, _BUSY, _GBUSY = range(6)
 
 
-def run_closed_form(
-    t0: float,
-    compute_s: Sequence[float],
-    recall_s: Sequence[float],
-    link_free_s: float,
-    gather_s: Sequence[float] | None = None,
-    intervals: list[tuple] | None = None,
-) -> StepTiming:
-    """Layer pipeline by recurrence.
+def idle_step_s(overhead_s, compute_s, head_s):
+    """Seconds a decode step that recalls nothing holds the clock: the host overhead, its items' compute back to back
+    (``compute_s``: an iterable of seconds, summed in order) and the LM head. Over a step axis ``compute_s`` is a
+    float64 [items, k] array: the sum adds row after row, each step's items in the order one step adds them, and the
+    result is float64 [k] (sim/serving/decode_run.py times a skip-ahead run this way)."""
+    return overhead_s + sum(compute_s) + head_s
 
-    Args:
-        t0: time the step's layer 0 may start (seconds).
-        compute_s: per-layer GPU time, length num_layers.
-        recall_s: per-layer link (copy) time, length num_layers; 0 means nothing to recall.
-        link_free_s: when the H2D link finishes work queued before this step.
-        gather_s: per-layer host gather time before each copy (gather-scatter), or None; it occupies the
-            host-gather resource, never the link.
-        intervals: if a list, receives ``(kind, layer, start_s, end_s, preempted)`` tuples for the
-            timeline (kind ``compute``, ``gather`` or ``transfer``; never pre-empted here).
 
-    Returns:
-        The step's :class:`StepTiming`.
-    """
-    # Hot path: plain floats, one pass over the layers.
-    gpu_free = issue = host_free = t0
-    link_free = link_free_s
-    stall = busy = gbusy = 0.0
-    stalls = [0.0] * len(compute_s)
-    gathers = gather_s if gather_s is not None else [0.0] * len(compute_s)
-    for layer, (c, r, g) in enumerate(zip(compute_s, recall_s, gathers)):
+def h2d_slowdown(d2h_busy_s, step_s, coupling):
+    """Factor (≥ 1) stretching H2D times in a step of ``step_s`` seconds during ``d2h_busy_s`` of which D2H runs, on a
+    card whose D2H traffic slows H2D by ``coupling`` at most (sim/step/link.py ``LinkModel.d2h_slowdown``)."""
+    if d2h_busy_s <= 0.0 or coupling == 0.0 or step_s <= 0.0:
+        return 1.0
+    return 1.0 / (1.0 - coupling * min(1.0, d2h_busy_s / step_s))
+
+
+def fifo_end_s(now_s, queue_end_s, seconds):
+    """When a FIFO queue that is busy until ``queue_end_s`` finishes ``seconds`` of work queued at ``now_s``."""
+    return max(now_s, queue_end_s) + seconds
+
+
+def stretch(jobs, slow):
+    """float64 [n, 4] jobs (bytes, link-held s, copy s, gather s) with each present job's copy share ``slow`` times
+    longer (its link-held time grows by the extra copy time); the input itself when ``slow`` is 1, else a copy."""
+    if slow == 1.0:
+        return jobs
+    out = jobs.copy()
+    for i in range(out.shape[0]):
+        if out[i, 1] > 0:
+            extra = out[i, 2] * (slow - 1.0)
+            out[i, 1] += extra
+            out[i, 2] += extra
+    return out
+
+
+def _record(intervals, count, kind, item, start, end, preempted):
+    """Write interval row ``count`` (kind, item, start s, end s, pre-empted 0/1) when ``intervals`` has rows (a
+    recorded step); return the rows written."""
+    if intervals.shape[0] == 0:
+        return count
+    intervals[count, 0] = kind
+    intervals[count, 1] = item
+    intervals[count, 2] = start
+    intervals[count, 3] = end
+    intervals[count, 4] = preempted
+    return count + 1
+
+
+def _sequential(t0, compute, link_s, gather_s, slow, link_free, stalls, intervals, count):  # noqa: PLR0913
+    """One step's sequential pipeline (module docstring) from ``t0``: float64 [n] compute, link (× ``slow``) and
+    host gather seconds per layer; fills ``stalls`` [n]. Returns (end of the last compute, stall, link busy, link
+    free, gather busy, interval rows written)."""
+    gpu_free = t0
+    issue = t0
+    host_free = t0
+    stall = 0.0
+    busy = 0.0
+    gbusy = 0.0
+    for layer in range(compute.shape[0]):
+        r = link_s[layer] * slow if slow != 1.0 else link_s[layer]
+        g = gather_s[layer]
         ready = gpu_free
         if r > 0.0:
             start = issue
@@ -75,70 +133,283 @@ def run_closed_form(
                 host_free = (issue if issue > host_free else host_free) + g
                 gbusy += g
                 start = host_free
-                if intervals is not None:
-                    intervals.append(("gather", layer, host_free - g, host_free, False))
+                count = _record(intervals, count, GATHER, layer, host_free - g, host_free, 0)
             if link_free > start:
                 start = link_free
             link_free = start + r
             busy += r
-            if intervals is not None:
-                intervals.append(("transfer", layer, start, link_free, False))
+            count = _record(intervals, count, TRANSFER, layer, start, link_free, 0)
             if link_free > ready:
                 stalls[layer] = link_free - ready
                 stall += stalls[layer]
                 ready = link_free
         issue = ready  # the next layer's recall is issued when this layer's compute starts
-        gpu_free = ready + c
-        if intervals is not None:
-            intervals.append(("compute", layer, ready, gpu_free, False))
-    return StepTiming(gpu_free, stall, busy, link_free, stalls, gbusy)
+        gpu_free = ready + compute[layer]
+        count = _record(intervals, count, COMPUTE, layer, ready, gpu_free, 0)
+    return gpu_free, stall, busy, link_free, gbusy, count
 
 
-def run_events(
-    env: simpy.Environment,
-    link: simpy.Resource,
-    gpu: simpy.Resource,
-    compute_s: Sequence[float],
-    recall_s: Sequence[float],
-    host: simpy.Resource | None = None,
-    gather_s: Sequence[float] | None = None,
-) -> Generator[simpy.Event, object, StepTiming]:
-    """Layer pipeline as SimPy processes; use as ``timing = yield env.process(run_events(...))``.
+def _push(heap, st, key):
+    """Push ``key`` on the binary min-heap ``heap[:st[1]]`` (st[1] = its size)."""
+    i = st[1]
+    st[1] += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if heap[parent] <= key:
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = key
 
-    The recall of layer l is a process that waits for its issue event, holds ``host`` for
-    ``gather_s[l]`` (gather-scatter), then ``link`` for ``recall_s[l]``, and fires ``done[l]``; the
-    compute loop holds ``gpu`` per layer.
+
+def _pop(heap, st):
+    """Pop the lowest key of the heap (which is not empty)."""
+    top = heap[0]
+    st[1] -= 1
+    size = st[1]
+    last = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if last <= heap[child]:
+            break
+        heap[i] = heap[child]
+        i = child
+    heap[i] = last
+    return top
+
+
+def _release(table, i, key, t, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs):  # noqa: PLR0913
+    """Release item i's job of ``table`` under ``key``; if it outranks the job on the link, arm the pre-emption check
+    at that job's next chunk boundary."""
+    nbytes = table[i, 0]
+    service = table[i, 1]
+    if service <= 0.0:
+        return
+    rem[key] = service
+    chunk[key] = service * min(1.0, chunk_bytes / nbytes)
+    cfrac[key] = table[i, 2] / service
+    gfrac[key] = table[i, 3] / service
+    _push(heap, st, key)
+    c = st[0]
+    if c >= 0 and key < c:
+        seg = fs[_SEG]
+        chunks = math.ceil((t - seg) / chunk[c] - 1e-12) if t > seg else 1
+        boundary = seg + max(chunks, 1) * chunk[c]
+        if boundary < seg + rem[c] - 1e-15 and boundary < fs[_CHECK]:
+            fs[_CHECK] = boundary
+
+
+def _dispatch(t, rem, heap, st, fs):
+    """Put the best-ranked ready job on an idle link."""
+    if st[0] < 0 and st[1] > 0:
+        k = _pop(heap, st)
+        st[0] = k
+        fs[_SEG] = t if t > fs[_LINK_FREE] else fs[_LINK_FREE]
+        fs[_LINK_DONE] = fs[_SEG] + rem[k]
+
+
+def _preempt_or_finish(t, n, finished, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count):  # noqa: PLR0913
+    """The job on the link leaves it at ``t``: finished (its item misses one job less) or pre-empted (back on the
+    heap with what remains); its segment's copy and gather shares count as busy. Returns the interval rows."""
+    c = st[0]
+    seg = fs[_SEG]
+    fs[_BUSY] += (t - seg) * cfrac[c]
+    fs[_GBUSY] += (t - seg) * gfrac[c]
+    item = c if c < n else c - n
+    count = _record(intervals, count, TRANSFER, item, seg, t, 0 if finished else 1)
+    if finished:
+        missing[item] -= 1
+        fs[_CHECK] = math.inf
+    else:
+        rem[c] -= t - seg
+        _push(heap, st, c)
+    st[0] = -1
+    fs[_LINK_FREE] = t
+    fs[_LINK_DONE] = math.inf
+    _dispatch(t, rem, heap, st, fs)
+    return count
+
+
+def _interruptible(t0, compute, prefetch, correction, lookahead, chunk_bytes, link_free_s, stalls, intervals, count):  # noqa: C901, PLR0913
+    """One step's interruptible pipeline (module docstring) from ``t0``: float64 [n] compute seconds per item, float64
+    [n, 4] prefetch and correction jobs (bytes, link-held s, copy s, gather s; no job where link-held is 0); fills
+    ``stalls`` [n]. Returns (end of the last compute, stall, link busy, link free, gather busy, interval rows).
+
+    Raises:
+        RuntimeError: an item waits for a recall never released (a malformed plan).
     """
-    num_layers = len(compute_s)
-    issued = [env.event() for _ in range(num_layers)]
-    done = [env.event() for _ in range(num_layers)]
-    busy = [0.0, 0.0]  # link, host gather
+    n = compute.shape[0]
+    missing = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        missing[i] = (1 if prefetch[i, 1] > 0.0 else 0) + (1 if correction[i, 1] > 0.0 else 0)
+    rem = np.zeros(2 * n)
+    chunk = np.zeros(2 * n)
+    cfrac = np.zeros(2 * n)
+    gfrac = np.zeros(2 * n)
+    heap = np.zeros(2 * n, dtype=np.int64)  # keys of released jobs not on the link
+    st = np.zeros(2, dtype=np.int64)  # [key of the job on the link (-1: none), heap size]
+    st[0] = -1
+    fs = np.zeros(6)
+    fs[_LINK_FREE] = link_free_s if link_free_s > t0 else t0
+    fs[_LINK_DONE] = math.inf
+    fs[_CHECK] = math.inf
+    gpu_end = math.inf
+    gpu_next = 0
+    gpu_free = t0
+    gpu_item = -1
+    for i in range(min(lookahead, n)):
+        _release(prefetch, i, n + i, t0, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
+    if n:
+        _release(correction, 0, 0, t0, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
+    _dispatch(t0, rem, heap, st, fs)
+    try_start = True  # the GPU may start its next item at t
+    t = t0
+    while True:
+        if try_start:
+            try_start = False
+            if gpu_item < 0 and gpu_next < n and missing[gpu_next] == 0:
+                i = gpu_next
+                start = t if t > gpu_free else gpu_free
+                stalls[i] = start - gpu_free
+                gpu_item = i
+                gpu_end = start + compute[i]
+                count = _record(intervals, count, COMPUTE, i, start, gpu_end, 0)
+                if i + lookahead < n:
+                    j = i + lookahead
+                    _release(prefetch, j, n + j, start, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
+                    _dispatch(start, rem, heap, st, fs)
+        if gpu_next >= n:
+            break
+        t = min(gpu_end, fs[_LINK_DONE], fs[_CHECK])
+        if t == math.inf:
+            raise RuntimeError("interruptible step deadlocked: an item waits for a recall never released")
+        if t == gpu_end:  # the GPU finishes an item; the next one is about to run
+            gpu_free = t
+            gpu_next = gpu_item + 1
+            gpu_item = -1
+            gpu_end = math.inf
+            if gpu_next < n:
+                _release(correction, gpu_next, gpu_next, t, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
+                _dispatch(t, rem, heap, st, fs)
+            try_start = True
+        elif t == fs[_LINK_DONE]:
+            count = _preempt_or_finish(t, n, True, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count)
+            try_start = True
+        else:  # a chunk boundary at which a better-ranked job may wait
+            fs[_CHECK] = math.inf
+            if st[0] >= 0 and st[1] > 0 and heap[0] < st[0]:
+                count = _preempt_or_finish(t, n, False, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count)
+    stall = 0.0
+    for i in range(n):  # in item order
+        stall += stalls[i]
+    link_free = fs[_LINK_FREE] if st[0] < 0 else fs[_LINK_DONE]
+    return gpu_free, stall, fs[_BUSY], link_free, fs[_GBUSY], count
 
-    def recall(layer: int) -> Generator[simpy.Event, object, None]:
-        yield issued[layer]
-        if recall_s[layer] > 0.0:
-            if gather_s is not None and gather_s[layer] > 0.0:
-                with host.request() as req:
-                    yield req
-                    yield env.timeout(gather_s[layer])
-                    busy[1] += gather_s[layer]
-            with link.request() as req:
-                yield req
-                yield env.timeout(recall_s[layer])
-                busy[0] += recall_s[layer]
-        done[layer].succeed()
 
-    for layer in range(num_layers):
-        env.process(recall(layer))
-    issued[0].succeed()
-    stalls = [0.0] * num_layers
-    for layer in range(num_layers):
-        wait_from = env.now
-        yield done[layer]
-        stalls[layer] = env.now - wait_from
-        with gpu.request() as req:
-            yield req
-            if layer + 1 < num_layers:
-                issued[layer + 1].succeed()
-            yield env.timeout(compute_s[layer])
-    return StepTiming(env.now, sum(stalls), busy[0], env.now, stalls, busy[1])
+def time_steps(  # noqa: PLR0913
+    now_s, compute, has_recall, pipeline, prefetch, correction, lookahead, chunk_bytes, link_s, gather_s, overhead_s,
+    head_s, d2h_s, coupling, link_free, d2h_free, d2h_busy, next_event_s, stop_recall, intervals,
+):  # fmt: skip
+    """Time up to k decode steps in order from ``now_s`` (module docstring); rows past the steps timed are scratch.
+
+    Args:
+        now_s: the clock at the first step's start (seconds).
+        compute: float64 [k, n] GPU seconds per work item of each step.
+        has_recall: bool [k] the step recalls (timed by ``pipeline``; else by :func:`idle_step_s`).
+        pipeline: 1 sequential, 2 interruptible (0: no step recalls).
+        prefetch, correction: float64 [k, n, 4] the interruptible jobs of each step (else any [k', n', 4]).
+        lookahead: K ≥ 1 items; chunk_bytes: the link's pre-emption granularity.
+        link_s, gather_s: float64 [k, n] the sequential pipeline's link and host gather seconds (else any [k', n']).
+        overhead_s: host overhead before layer 0; head_s: LM head after the last layer (each step).
+        d2h_s: seconds of one step's offload writes on the D2H queue, −1 when it queues none; coupling: the card's
+            D2H coupling (0: no slowdown).
+        link_free, d2h_free, d2h_busy: the H2D queue's end, the D2H queue's end and D2H seconds queued so far.
+        next_event_s: stop before the first step that would end at or after it; stop_recall: stop before the
+            ``stop_recall``-th step that recalls.
+        intervals: float64 [m, 5] receives the steps' intervals (kind, item, start s, end s, pre-empted), m ≥ 5 n per
+            step timed; [0, 5]: none recorded.
+
+    Returns:
+        (steps timed j, times float64 [k + 1] of which the first j + 1 are the step boundaries, each step's clock
+        advance float64 [k], stall, link busy and gather busy float64 [k], stall per item float64 [k, n], the link
+        queue's end, the D2H queue's end and D2H seconds queued after the j steps, interval rows written).
+    """
+    k, n = compute.shape
+    times = np.empty(k + 1)
+    step_s = np.zeros(k)
+    stalls = np.zeros(k)
+    busys = np.zeros(k)
+    gathers = np.zeros(k)
+    item_stalls = np.zeros((k, n))
+    times[0] = now_s
+    now = now_s
+    recalled = 0
+    done = 0
+    count = 0
+    for t in range(k):
+        start = now
+        step_free, step_busy = d2h_free, d2h_busy
+        if d2h_s >= 0.0:  # the step's offload writes
+            step_free = fifo_end_s(start, d2h_free, d2h_s)
+            step_busy = d2h_busy + d2h_s
+        if has_recall[t] and pipeline > 0:
+            if recalled + 1 >= stop_recall:
+                break
+            slow = h2d_slowdown(step_free - start, sum(compute[t]), coupling)
+            if pipeline == 2:
+                end_s, stall, busy, free, gbusy, count = _interruptible(
+                    start + overhead_s, compute[t], stretch(prefetch[t], slow), stretch(correction[t], slow),
+                    lookahead, chunk_bytes, link_free, item_stalls[t], intervals, count,
+                )  # fmt: skip
+            else:
+                end_s, stall, busy, free, gbusy, count = _sequential(
+                    start + overhead_s, compute[t], link_s[t], gather_s[t], slow, link_free, item_stalls[t],
+                    intervals, count,
+                )  # fmt: skip
+            delay = end_s + head_s - start
+            if start + delay >= next_event_s:
+                break
+            recalled += 1
+            link_free = free
+            stalls[t], busys[t], gathers[t] = stall, busy, gbusy
+        else:
+            delay = idle_step_s(overhead_s, compute[t], head_s)
+            if start + delay >= next_event_s:
+                break
+        d2h_free, d2h_busy = step_free, step_busy
+        step_s[t] = delay
+        now = start + delay
+        times[t + 1] = now
+        done = t + 1
+    return done, times, step_s, stalls, busys, gathers, item_stalls, link_free, d2h_free, d2h_busy, count
+
+
+KERNEL_FUNCTIONS = (
+    "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "_record", "_sequential", "_push", "_pop", "_release",
+    "_dispatch", "_preempt_or_finish", "_interruptible", "time_steps",
+)  # fmt: skip
+_compiled: dict = {}
+
+
+def compiled_time_steps():
+    """:func:`time_steps` compiled by numba: the first call imports numba (~0.4 s with the machine code cached on
+    disk) and compiles a copy of each of :data:`KERNEL_FUNCTIONS`, each calling the others' compiled copies; the
+    module's own functions stay plain Python (``run.kernels: python``).
+
+    Raises:
+        ImportError: numba is not installed (``pip install 'pulseinfer[fast]'``).
+    """
+    if not _compiled:
+        from numba import njit
+
+        namespace = dict(globals())  # the copies' globals: each name resolves to its compiled copy
+        for name in KERNEL_FUNCTIONS:
+            f = namespace[name]
+            namespace[name] = njit(cache=True)(types.FunctionType(f.__code__, namespace, name, f.__defaults__))
+        _compiled.update(namespace)
+    return _compiled["time_steps"]

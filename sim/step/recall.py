@@ -16,7 +16,7 @@ among few blocks, so W is far smaller than the bound). A
 returning block left the selection j steps ago (j uniform in 1..w); it is still buffered when
 k + j·m_l·k ≤ B, hence h. A recall buffer of B = ``recall_buffer_blocks`` ≥ W serves every returning block
 from HBM. ``tests/sim/test_recall_reference.py`` checks h against an explicit LRU buffer that tracks
-block ids. ``fresh`` is the block that just left the recent window when a layer selects it (:meth:`fresh_misses`);
+block ids. ``fresh`` is the block that just left the recent window when a layer selects it (:meth:`RecallModel.run`);
 it is one of the k selected, so a cell never recalls more than k. The first step after (re)admission is cold:
 q = 1. A fixed ``miss_frac`` in the policy replaces c · (1 − ρ h) (for tests and what-ifs).
 
@@ -31,30 +31,63 @@ Selection modes:
 * ``all`` — FlexGen-like: every offloaded block, every step, no buffer; one contiguous fragment per
   (r, l) of n blocks.
 
-Hot path: draws are (n_offloaded, num_layers) arrays, one vectorised pass per step; only per-layer sums
-leave this module. Each kind of draw has its own stream (sim/step/draws.py), so k steps can be drawn at once
-with the same numbers (sim/step/recall_run.py, skip-ahead over offloaded steps).
+One definition over a step axis: :meth:`RecallModel.run` computes k steps of a batch whose membership does not
+change as [k, n_offloaded, num_layers] arrays, one vectorised pass (only the drift's AR(1) recurrence, the one
+quantity carried from step to step, is iterated, in :func:`drift_steps_py`, compiled by numba when installed); a single
+step (:meth:`RecallModel.step`) is a run of one. Each kind of draw has its own stream (sim/step/draws.py), so k
+steps drawn at once give the numbers k single steps give. The draws are peeked; :meth:`RecallRun.commit` consumes
+those of the steps that ran (a skip-ahead that ends early leaves the rest to the steps that follow). The per-step
+reference this replaced is the test oracle tests/sim/oracles/recall.py (tests/sim/test_recall_oracle.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
-from sim.step.draws import RecallDraws, as_draws
+from sim.step.draws import DrawStream, RecallDraws, as_draws
 from sim.step.link import LinkModel
 
 
 @dataclass(slots=True)
-class LayerRecall:
-    """What one decode step recalls, per micro-batch group and layer (arrays [num_groups, num_layers])."""
+class RecallRun:
+    """What k consecutive steps recall, per step, micro-batch group and layer, and how to commit the first j steps
+    (:meth:`RecallModel.run`; a single step is a run of one)."""
 
-    nbytes: np.ndarray  # int64 [G, L]
-    fragments: np.ndarray  # int64 [G, L]
-    contiguous_s: np.ndarray | None  # float [G]: selection "all", per_fragment: Σ per-request copy time per layer
-    selected_fragments: int = 0  # fragments the step selected over every layer and request (miss fraction's base)
+    nbytes: np.ndarray  # int64 [k, G, L]
+    fragments: np.ndarray  # int64 [k, G, L]
+    # float64 [k, G], selection "all" (io per_fragment): Σ per-request copy seconds of one layer; else None
+    contiguous_s: np.ndarray | None
+    selected_fragments: np.ndarray  # int64 [k] fragments selected over every layer and request (the miss base)
+    # each stream drawn from, with its draws per step (int) or the draws taken by the end of each step (int64 [k])
+    used: list[tuple[DrawStream, int | np.ndarray]] = field(default_factory=list)
+    # the state after each step: factors float [n, L] (None: unchanged, nobody joined), drift and steps of shift
+    # left float [k, n]
+    state: tuple[np.ndarray | None, np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def empty(cls) -> RecallRun:
+        """A run with no arrays yet (filled by :meth:`RecallModel.run`)."""
+        return cls(_NO_CELLS, _NO_CELLS, None, _NO_STEPS)
+
+    def commit(self, steps: int, state: np.ndarray | None) -> None:
+        """Consume the draws of the first ``steps`` steps and write the requests' recall state after them into
+        ``state`` (float [n, state_width], in place; None when the model keeps none)."""
+        for stream, used in self.used:
+            stream.consume(used * steps if isinstance(used, int) else int(used[steps - 1]))
+        if self.state is not None and state is not None:
+            factors, drift, left = self.state
+            L = state.shape[1] - 2
+            if factors is not None:
+                state[:, :L] = factors
+            state[:, L] = drift[steps - 1]
+            state[:, L + 1] = left[steps - 1]
+
+
+_NO_CELLS = np.zeros((0, 0, 0), dtype=np.int64)  # the arrays of a run not computed yet
+_NO_STEPS = np.zeros(0, dtype=np.int64)
 
 
 def kumaraswamy_b(mean: float, a: float) -> float:
@@ -143,20 +176,6 @@ class RecallModel:
         state[rows, L] = z[m + m * L :]  # the drift starts in its stationary distribution
         state[rows, L + 1] = 0.0
 
-    def _advance(self, state: np.ndarray, draws: RecallDraws) -> tuple[np.ndarray, np.ndarray]:
-        """One step of every request's drift and topic shifts: (log-factor float [n, L], in a shift bool [n])."""
-        st, L, n = self.stats, self.num_layers, len(state)
-        x = st.drift_corr * state[:, L] + np.sqrt(1.0 - st.drift_corr**2) * draws.drift.take(n)
-        state[:, L] = x
-        left = state[:, L + 1]
-        if st.burst_prob > 0:
-            start = (left <= 0) & (draws.burst.take(n) < st.burst_prob)
-            left = np.where(start, draws.geometric(1.0 / st.burst_steps).take(n), left)
-        shifting = left > 0
-        state[:, L + 1] = np.maximum(left - 1, 0)
-        log_factor = state[:, :L] + st.drift_sigma * x[:, None] - 0.5 * st.drift_sigma**2
-        return log_factor, shifting
-
     # ---- buffer and cache hits ---------------------------------------------------------------------
     def buffer_hit(self, selected: np.ndarray) -> np.ndarray:
         """Per-request recall buffer: fraction of returning blocks still buffered, float [..., n, L] for int [..., n].
@@ -194,7 +213,8 @@ class RecallModel:
         state: np.ndarray | None = None,
         cache_fragments: float | None = None,
     ) -> np.ndarray:
-        """Fraction of each request's selection to recall, per layer: float [n, num_layers].
+        """Fraction of each request's selection to recall at one step, per layer: float [n, num_layers] (the
+        first step of :meth:`_miss_frac_run`, its draws consumed and ``state`` advanced in place).
 
         Args:
             selected: int64 [n] blocks selected per layer (per head for head-wise).
@@ -204,50 +224,176 @@ class RecallModel:
                 draws.
             cache_fragments: capacity of the shared recall cache in fragments, or None for per-request buffers.
         """
-        n = len(selected)
+        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
+        out = RecallRun.empty()
+        q = self._miss_frac_run(selected[None, :], cold, as_draws(rng), state, cache, out)
+        out.commit(1, state)
+        return q[0]
+
+    def _miss_frac_run(
+        self,
+        selected: np.ndarray,
+        cold: np.ndarray,
+        draws: RecallDraws,
+        state: np.ndarray | None,
+        cache_fragments: np.ndarray | None,
+        out: RecallRun,
+    ) -> np.ndarray:
+        """Miss fractions of k steps, float [k, n, L] (draws peeked; the streams used and the state after each step
+        recorded in ``out``). ``selected``: int64 [k, n]; ``cache_fragments``: float64 [k] or None; the rest as
+        :meth:`miss_frac` (only step 0 can be cold)."""
+        k, n = selected.shape
+        L, st = self.num_layers, self.stats
         if self.fixed_miss_frac is not None:
-            q = np.full((n, self.num_layers), self.fixed_miss_frac)
-            q[cold] = 1.0
+            q = np.full((k, n, L), self.fixed_miss_frac)
+            q[0][cold] = 1.0
             return q
-        draws = as_draws(rng)
-        u = draws.change.take(n * self.num_layers).reshape(n, self.num_layers)
+        u = draws.change.peek(k * n * L).reshape(k, n, L)
+        out.used.append((draws.change, n * L))
         change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
         if self.selection == "headwise":
-            change *= self.stats.headwise_miss_ratio
+            change *= st.headwise_miss_ratio
         shifting = None
         if state is not None and self.structured:
-            if cold.any():
-                self._join(state, cold, draws.join.take(self.join_draws(int(cold.sum()))))
-            log_factor, shifting = self._advance(state, draws)
+            log_factor, shifting = self._advance_run(state, cold, draws, k, out)
             change *= np.exp(log_factor)
         np.minimum(change, 1.0, out=change)
+        thrashing = None
         if cache_fragments is None:
-            hit = self.buffer_hit(selected)
+            q = change * (1.0 - self.returning * self.buffer_hit(selected))
         else:
-            hit, thrashing = self.shared_hit(selected, cache_fragments)
-            if thrashing:
-                return np.ones((n, self.num_layers))
-        q = change * (1.0 - self.returning * hit)
+            shared = [self.shared_hit(selected[t], float(cache_fragments[t])) for t in range(k)]
+            q = change * (1.0 - self.returning * np.array([h for h, _ in shared])[:, None, None])
+            thrashing = np.array([t for _, t in shared])
         if shifting is not None and shifting.any():
-            q[shifting] = np.maximum(q[shifting], self.stats.burst_change_frac)
-        q[cold] = 1.0
+            q = np.where(shifting[:, :, None], np.maximum(q, st.burst_change_frac), q)
+        q[0][cold] = 1.0
+        if thrashing is not None and thrashing.any():  # every selected block misses
+            q[thrashing] = 1.0
         return q
+
+    def _advance_run(
+        self, state: np.ndarray, cold: np.ndarray, draws: RecallDraws, k: int, out: RecallRun
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The joins (step 0) and k steps of drift and topic shifts: (log-factor float [k, n, L], shifting bool
+        [k, n]); ``state`` (float [n, state_width]) is read only, the state after each step is recorded in ``out``."""
+        st, L, n = self.stats, self.num_layers, len(state)
+        joins = bool(cold.any())
+        work = state.copy() if joins else state  # read only unless someone joins
+        if joins:
+            count = self.join_draws(int(cold.sum()))
+            self._join(work, cold, draws.join.peek(count))
+            out.used.append((draws.join, np.full(k, count)))
+        z = draws.drift.peek(k * n).reshape(k, n)
+        out.used.append((draws.drift, n))
+        burst = st.burst_prob > 0
+        if burst:
+            starts = draws.burst.peek(k * n).reshape(k, n)
+            geometric = draws.geometric(1.0 / st.burst_steps)
+            lengths = geometric.peek(k * n).reshape(k, n).astype(np.float64)
+            out.used += [(draws.burst, n), (geometric, n)]
+        else:
+            starts = lengths = np.zeros((k, n))
+        scale = float(np.sqrt(1.0 - st.drift_corr**2))
+        drift, lefts, shifting = drift_steps(
+            work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, scale, st.burst_prob, burst
+        )
+        out.state = (work[:, :L] if joins else None, drift, lefts)
+        log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None] - 0.5 * st.drift_sigma**2
+        return log_factor, shifting
 
     def fresh_misses(
         self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator | RecallDraws
     ) -> np.ndarray | int:
-        """Fragments of the block that just left the recent window, recalled where a layer selects it (int [n, L]).
+        """Fragments of the block that just left the recent window, recalled where a layer selects it, at one step
+        (int64 [n, L], or 0 where no block is fresh; draws consumed): :meth:`_fresh_run` of one step."""
+        out = RecallRun.empty()
+        fresh = self._fresh_run(ctx[None, :], cold, as_draws(rng), out)
+        out.commit(1, None)
+        return 0 if fresh is None else fresh[0]
 
-        Every ``block_size`` tokens a block leaves the window for the host; each layer selects it at once with
-        probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never recalled before, it misses.
-        """
+    def _fresh_run(self, ctx: np.ndarray, cold: np.ndarray, draws: RecallDraws, out: RecallRun) -> np.ndarray | None:
+        """Fresh-block misses of k steps, int64 [k, n, L], or None where no block is fresh (draws peeked, the stream
+        used recorded in ``out``). Every ``block_size`` tokens a block leaves the window for the host; each layer
+        selects it at once with probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never
+        recalled before, it misses. ``ctx``: int64 [k, n]; ``cold``: bool [n] (step 0)."""
         frac = self.stats.fresh_block_frac
-        fresh = ~cold & (ctx > self.window_tokens) & ((ctx - self.window_tokens) % self.block_size == 0)
-        if frac <= 0 or not fresh.any() or self.fixed_miss_frac is not None:
-            return 0
-        out = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
-        m = int(fresh.sum())
-        out[fresh] = as_draws(rng).binomial(self.heads, frac).take(m * self.num_layers).reshape(m, self.num_layers)
+        if frac <= 0 or self.fixed_miss_frac is not None:
+            return None
+        w, bs, L = self.window_tokens, self.block_size, self.num_layers
+        fresh = (ctx > w) & ((ctx - w) % bs == 0)
+        fresh[0] &= ~cold
+        total = int(np.count_nonzero(fresh))
+        if not total:
+            return None
+        upto = np.cumsum(np.count_nonzero(fresh, axis=1))  # fresh blocks by the end of each step
+        stream = draws.binomial(self.heads, frac)
+        misses = np.zeros((*ctx.shape, L), dtype=np.int64)
+        misses[fresh] = stream.peek(total * L).reshape(total, L)
+        out.used.append((stream, upto * L))
+        return misses
+
+    def run(
+        self,
+        ctx: np.ndarray,
+        cold: np.ndarray,
+        rng: np.random.Generator | RecallDraws,
+        groups: np.ndarray | None = None,
+        num_groups: int = 1,
+        state: np.ndarray | None = None,
+        cache_fragments: np.ndarray | None = None,
+    ) -> RecallRun:
+        """Recall of k consecutive steps of the same offloaded requests, draws peeked, not consumed
+        (:meth:`RecallRun.commit` consumes those of the steps that ran); step t's numbers are what t + 1 committed
+        runs of one step give (each kind of draw has its own stream, sim/step/draws.py).
+
+        Args:
+            ctx: int64 [k, n], KV tokens each offloaded request attends at each step.
+            cold: bool [n], recall buffer empty (first step after admission; only step 0 can be cold).
+            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
+            groups: int [n] micro-batch group of each request (None: all in group 0).
+            num_groups: G.
+            state: float [n, state_width] per-request recall state before the run (read only; see
+                :meth:`miss_frac`), or None.
+            cache_fragments: float64 [k] shared recall cache capacity per step in fragments, or None (per-request
+                buffers).
+        """
+        k, n = ctx.shape
+        L, G = self.num_layers, num_groups
+        selected = self.selected_blocks(ctx)  # int64 [k, n]
+        gid = np.zeros(n, dtype=np.int64) if groups is None else groups
+        if self.selection == "all":  # no draws: every offloaded block, one contiguous fragment per (request, layer)
+            cell = (np.arange(k)[:, None] * G + gid).ravel()  # (step, group) of each (step, request), flat
+
+            def per_group(x: np.ndarray | None) -> np.ndarray:  # Σ over each group's requests in request order
+                return np.bincount(cell, None if x is None else x.ravel(), k * G).reshape(k, G)
+
+            copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request,
+            contiguous = per_group(np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0))  # ≥ a call's cost
+            nbytes = per_group(selected).astype(np.int64) * self.block_bytes_layer
+            frags = np.bincount(cell[selected.ravel() > 0], minlength=k * G).reshape(k, G)
+            nbytes, frags = np.repeat(nbytes[:, :, None], L, axis=2), np.repeat(frags[:, :, None], L, axis=2)
+            return RecallRun(nbytes, frags, contiguous, frags.sum(axis=(1, 2)))
+        out = RecallRun.empty()
+        draws = as_draws(rng)
+        q = self._miss_frac_run(selected, cold, draws, state, cache_fragments, out)
+        rounding = draws.rounding.peek(k * n * L).reshape(k, n, L)
+        out.used.append((draws.rounding, n * L))
+        cell = (selected * self.heads)[:, :, None]  # fragments each (step, request, layer) selects
+        missing = np.floor(cell * q + rounding).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
+        fresh = self._fresh_run(ctx, cold, draws, out)
+        if fresh is not None:
+            # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
+            # a thrashing shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls
+            # more than it selects.
+            np.minimum(missing + fresh, cell, out=missing)
+        if G == 1:
+            frags = missing.sum(axis=1)[:, None, :]
+        else:
+            frags = np.zeros((k, G, L), dtype=np.int64)
+            np.add.at(frags, (np.arange(k)[:, None], gid[None, :]), missing)
+        out.fragments, out.nbytes = frags, frags * self.fragment_bytes
+        out.selected_fragments = (selected * self.heads).sum(axis=1) * L
         return out
 
     def step(
@@ -259,45 +405,21 @@ class RecallModel:
         num_groups: int = 1,
         state: np.ndarray | None = None,
         cache_fragments: float | None = None,
-    ) -> LayerRecall:
-        """Recall of one step for offloaded requests.
+    ) -> RecallRun:
+        """Recall of one step: :meth:`run` of one step, committed (draws consumed, ``state`` updated in place).
 
         Args:
             ctx: int64 [n], KV tokens of each offloaded request.
-            cold: bool [n], recall buffer empty (first step after admission).
-            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
-            groups: int [n] micro-batch group of each request (None: all in group 0).
-            num_groups: G.
-            state: float [n, state_width] per-request recall state (see :meth:`miss_frac`), or None.
             cache_fragments: shared recall cache capacity in fragments, or None (per-request buffers).
+            cold, rng, groups, num_groups, state: as :meth:`run`.
+
+        Returns:
+            the run of one step (arrays with a step axis of length 1).
         """
-        selected = self.selected_blocks(ctx)
-        L, G = self.num_layers, num_groups
-        gid = np.zeros(len(ctx), dtype=np.int64) if groups is None else groups
-        if self.selection == "all":
-            per_group = np.bincount(gid, weights=selected, minlength=G).astype(np.int64)
-            nbytes = np.repeat((per_group * self.block_bytes_layer)[:, None], L, axis=1)
-            frags = np.repeat(np.bincount(gid[selected > 0], minlength=G)[:, None], L, axis=1).astype(np.int64)
-            copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request,
-            copy_s = np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0)  # at least one call's cost
-            contiguous = np.bincount(gid, weights=copy_s, minlength=G)
-            return LayerRecall(nbytes, frags, contiguous, int(frags.sum()))
-        draws = as_draws(rng)
-        q = self.miss_frac(selected, cold, draws, state, cache_fragments)
-        rounding = draws.rounding.take(q.size).reshape(q.shape)
-        cell = (selected * self.heads)[:, None]  # fragments each (request, layer) selects
-        missing = np.floor(cell * q + rounding).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
-        # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
-        # a thrashing shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls more
-        # than it selects (a fresh block on top of a whole selection gave miss fractions above 1).
-        missing = np.minimum(missing + self.fresh_misses(ctx, cold, draws), cell)
-        if G == 1:
-            frags = missing.sum(axis=0)[None, :]
-        else:
-            frags = np.zeros((G, L), dtype=np.int64)
-            np.add.at(frags, gid, missing)
-        selected_frags = int((selected * self.heads).sum()) * L
-        return LayerRecall(frags * self.fragment_bytes, frags, None, selected_frags)
+        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
+        run = self.run(ctx[None, :], cold, as_draws(rng), groups, num_groups, state, cache)
+        run.commit(1, state)
+        return run
 
     def expected_layer_fragments(self, cold: bool) -> float:
         """Expected fragments one offloaded request at the full budget recalls per layer and step (admission's
@@ -311,3 +433,39 @@ class RecallModel:
         change = self.change_mean * (self.stats.headwise_miss_ratio if self.selection == "headwise" else 1.0)
         fresh = self.heads * self.stats.fresh_block_frac / self.block_size
         return float(k * np.mean(np.minimum(change, 1.0) * (1.0 - self.returning * hit))) + fresh
+
+
+def drift_steps_py(x, left, z, starts, lengths, corr, scale, burst_prob, burst):  # noqa: PLR0913
+    """The recall state's recurrence over k steps, element by element: the drift x ← corr·x + scale·z, a topic
+    shift starting where none runs (uniform < burst_prob) with its geometric length, the steps of shift left
+    counting down. ``x``, ``left``: float64 [n] before the run (overwritten); ``z``, ``starts``, ``lengths``:
+    float64 [k, n] draws. Returns (drift float64 [k, n], left float64 [k, n], shifting bool [k, n]) after each step."""
+    k, n = z.shape
+    drift = np.empty((k, n))
+    lefts = np.empty((k, n))
+    shifting = np.empty((k, n), dtype=np.bool_)
+    for t in range(k):
+        for r in range(n):
+            x[r] = corr * x[r] + scale * z[t, r]
+            if burst and left[r] <= 0 and starts[t, r] < burst_prob:
+                left[r] = lengths[t, r]
+            shifting[t, r] = left[r] > 0
+            left[r] = max(left[r] - 1.0, 0.0)
+            drift[t, r] = x[r]
+            lefts[t, r] = left[r]
+    return drift, lefts, shifting
+
+
+_compiled: list = []  # the compiled drift_steps_py, made at the first call (numba is imported only when runs need it)
+
+
+def drift_steps(*args):
+    """:func:`drift_steps_py`, compiled when numba is installed (the ``fast`` extra), else as it is."""
+    if not _compiled:
+        try:
+            from numba import njit
+
+            _compiled.append(njit(cache=True)(drift_steps_py))
+        except ImportError:  # pragma: no cover - exercised where numba is absent
+            _compiled.append(drift_steps_py)
+    return _compiled[0](*args)

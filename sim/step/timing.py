@@ -1,99 +1,159 @@
-"""One decode step on the simulation clock: from a policy's :class:`~sim.step.cost.StepCost` to elapsed time.
+"""Decode steps on the simulation clock: from what steps cost to elapsed time, through the replica's devices.
 
-Which pipeline times the step follows from the cost (the policy's choice), not from the scheduler:
-
-* nothing recalled — overhead + Σ layer compute + head, one timeout;
-* ``cost.interrupt`` set — the interruptible layer-wise schedule (sim/step/interrupt.py);
-* otherwise the sequential pipeline with one-layer look-ahead: the closed-form recurrence
-  (sim/step/pipeline.py ``run_closed_form``), or SimPy events on real link/GPU/host resources when
-  ``run.layer_model: events`` (``run_events``; tested equal to the recurrence).
+One function times steps, :func:`sim.step.pipeline.time_steps`, for one step or k: :meth:`StepDevices.time_steps`
+hands it the devices' queues, and :func:`run_step` is a step that recalls as a run of one, on SimPy's clock. Which
+pipeline times a recalling step follows from the cost (the policy's choice), not from the scheduler: the
+interruptible layer-wise schedule when ``cost.interrupt`` is set, else the sequential pipeline with one-layer
+look-ahead (sim/step/pipeline.py). A step that recalls nothing takes overhead + Σ compute + head
+(:func:`~sim.step.pipeline.idle_step_s`, which the pipeline's k-step loop also uses); it never loads numba, so dense
+runs do not either.
 
 The link's state carries over between steps (``link_free_s``: queued H2D work a step leaves behind).
 
-D2H (offload writes): copy engines are per direction (docs/sources.md §3.2), so each GPU has a D2H queue
-beside the H2D link. It carries the eager per-token backups of offloaded requests (queued at each decode
-step's start, ``StepCost.d2h_bytes``) and the prompt KV of requests that run offloaded after a colocated
-prefill (queued when their prefill forward ends, :meth:`StepDevices.queue_d2h`). While it is busy, H2D
-copies slow down by the card's ``d2h_coupling``: a step whose first ``b`` seconds (of an estimated
-``Σ compute``) overlap queued D2H work runs its H2D times ``1 / (1 − coupling · min(1, b / Σ compute))``
-longer (sim/step/link.py). For a streamed gather-scatter job only its copy share stretches.
+D2H (offload writes): copy engines are per direction (docs/sources.md §3.2), so each GPU has a D2H queue beside the
+H2D link. It carries the eager per-token backups of offloaded requests (queued at each decode step's start,
+``StepCost.d2h_bytes``) and the prompt KV of requests that run offloaded after a colocated prefill (queued when their
+prefill forward ends, :meth:`StepDevices.queue_d2h`). While it is busy, H2D copies slow down by the card's
+``d2h_coupling``: a step whose first ``b`` seconds (of an estimated ``Σ compute``) overlap queued D2H work runs its
+H2D times ``1 / (1 − coupling · min(1, b / Σ compute))`` longer (sim/step/pipeline.py ``h2d_slowdown``). For a
+streamed gather-scatter job only its copy share stretches.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Generator
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from sim.config import HardwareSpec
-from sim.step.cost import InterruptPlan, StepCost
-from sim.step.interrupt import run_interruptible
+from sim.step.cost import StepCost
 from sim.step.link import LinkModel
-from sim.step.pipeline import StepTiming, run_closed_form, run_events
+from sim.step.pipeline import INTERVAL_KINDS, compiled_time_steps, fifo_end_s, idle_step_s, time_steps
+
+RECALLS = np.ones(1, dtype=np.bool_)  # has_recall of a run of one step that recalls (read only by the kernel)
+NO_JOBS = np.zeros((1, 1, 4))  # the interruptible jobs of a sequential run (unread)
+NO_TIMES = np.zeros((1, 1))  # the sequential times of an interruptible run (unread)
+NO_INTERVALS = np.zeros((0, 5))  # no intervals recorded
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """What the layer pipeline of one step that recalls reports (seconds)."""
+
+    stall_s: float  # total time the GPU waited on recalls
+    link_busy_s: float  # total H2D time of the recalls
+    gather_busy_s: float  # total host-gather time of the recalls (not link time)
+    layer_stall_s: np.ndarray  # float64 [items] the stall before each work item (layer·groups + group)
+
+
+@dataclass(slots=True)
+class StepsTiming:
+    """k decode steps timed in order (:meth:`StepDevices.time_steps`): the first ``steps`` ran; rows past them are
+    scratch. Per-step arrays are float64."""
+
+    steps: int
+    times_s: np.ndarray  # [k + 1] step boundaries: step i runs from times_s[i] to times_s[i + 1]
+    step_s: np.ndarray  # [k] each step's clock advance (times_s[i + 1] = times_s[i] + step_s[i])
+    stall_s: np.ndarray  # [k] GPU wait on recalls
+    link_busy_s: np.ndarray  # [k] H2D copy time
+    gather_busy_s: np.ndarray  # [k] host-gather time
+    item_stall_s: np.ndarray  # [k, items] stall before each work item
+    link_free_s: float  # the H2D queue's end after the steps
+    d2h_free_s: float  # the D2H queue's end after the steps
+    d2h_busy_s: float  # D2H seconds queued since the replica started, after the steps
+    intervals: list[tuple]  # (kind, item, start_s, end_s, preempted) of the steps, when recorded
 
 
 class StepDevices:
-    """The devices a replica's decode steps share: GPU stream, H2D link, D2H queue, host gather threads.
+    """The devices a replica's decode steps share: the H2D link's queue and the D2H queue.
 
     Args:
         env: the SimPy environment.
-        layer_events: time recalling steps with SimPy events (``run.layer_model: events``) instead of the
-            closed-form recurrence.
         hardware: the card (D2H bandwidth and coupling); None models no D2H traffic.
+        kernels: ``run.kernels``: ``python`` runs the timing kernel as Python, else it is compiled when numba is
+            installed (imported at the first step that recalls).
     """
 
-    def __init__(
-        self, env: simpy.Environment, layer_events: bool, hardware: HardwareSpec | None = None, kernels: str = "auto"
-    ) -> None:
+    def __init__(self, env: simpy.Environment, hardware: HardwareSpec | None = None, kernels: str = "auto") -> None:
         self.env = env
-        self.layer_events = layer_events
-        # compiled interruptible pipeline (sim/step/kernels.py) unless "python" or numba is missing; numba is
-        # imported at the first interruptible step, so runs without one (dense, sequential) never load it
         self.fast_kernels = kernels != "python" and importlib.util.find_spec("numba") is not None
-        self._interruptible_fast = None
-        self.link = simpy.Resource(env, capacity=1)  # one H2D DMA queue per GPU (copy engines per direction)
-        self.gpu = simpy.Resource(env, capacity=1)  # the compute stream
-        self.host_gather = simpy.Resource(env, capacity=1)  # the gather threads, one layer at a time
         self.link_free_s = 0.0  # when the link finishes the H2D work queued so far
         self.d2h = LinkModel(hardware) if hardware is not None else None
         self.d2h_free_s = 0.0  # when the D2H queue finishes the offload writes queued so far
         self.d2h_busy_s = 0.0  # D2H seconds queued over the run
-
-    @property
-    def interruptible_fast(self):
-        """The compiled :func:`sim.step.kernels.interruptible_arrays`, or None (pure-Python reference)."""
-        if self._interruptible_fast is None and self.fast_kernels:
-            from sim.step.kernels import interruptible_arrays  # imports numba
-
-            self._interruptible_fast = interruptible_arrays
-        return self._interruptible_fast
 
     def queue_d2h(self, now_s: float, nbytes: float) -> float:
         """Queue ``nbytes`` of offload writes on the D2H link at ``now_s`` (FIFO); return their seconds."""
         if self.d2h is None or nbytes <= 0:
             return 0.0
         seconds = self.d2h.d2h_s(nbytes)
-        self.d2h_free_s = max(now_s, self.d2h_free_s) + seconds
+        self.d2h_free_s = fifo_end_s(now_s, self.d2h_free_s, seconds)
         self.d2h_busy_s += seconds
         return seconds
 
-    def h2d_slowdown(self, start_s: float, cost: StepCost) -> float:
-        """Queue the step's backups on the D2H link; return the factor (≥ 1) its H2D copies stretch by."""
-        self.queue_d2h(start_s, cost.d2h_bytes)
-        if self.d2h is None:
-            return 1.0
-        return self.d2h.d2h_slowdown(self.d2h_free_s - start_s, sum(cost.compute_s))
-
     def run_forward(self, duration_s: float) -> Generator[simpy.Event, object, None]:
-        """A forward that only computes (a prefill), holding the GPU stream when resources are modelled."""
-        if self.layer_events:
-            with self.gpu.request() as gpu:
-                yield gpu
-                yield self.env.timeout(duration_s)
-        else:
-            yield self.env.timeout(duration_s)
+        """A forward that only computes (a prefill or a synchronous swap)."""
+        yield self.env.timeout(duration_s)
+
+    def time_steps(  # noqa: PLR0913
+        self,
+        now_s: float,
+        compute_s: np.ndarray,
+        has_recall: np.ndarray,
+        overhead_s: float,
+        head_s: float,
+        d2h_bytes: float,
+        plan: tuple[np.ndarray, np.ndarray] | None = None,
+        lookahead_items: int = 1,
+        chunk_bytes: float = 1.0,
+        sequential: tuple[np.ndarray, np.ndarray] | None = None,
+        next_event_s: float = math.inf,
+        stop_recall: float = math.inf,
+        record: bool = False,
+    ) -> StepsTiming:
+        """Time k decode steps from ``now_s`` and the devices' queues, which are read, not changed
+        (:func:`sim.step.pipeline.time_steps`, compiled unless ``run.kernels: python`` or numba is missing).
+
+        Args:
+            compute_s: float64 [k, items] GPU seconds per work item of each step.
+            has_recall: bool [k] the step recalls (timed by the pipeline; else as compute only).
+            overhead_s: host overhead before layer 0; head_s: LM head and sampling; d2h_bytes: offload writes each
+                step queues at its start.
+            plan: (prefetch, correction) jobs, float64 [k, items, 4] each (``InterruptPlan``'s columns): the
+                interruptible pipeline, with ``lookahead_items`` and ``chunk_bytes``.
+            sequential: (link seconds, host gather seconds), float64 [k, layers] each: the sequential pipeline.
+            next_event_s: stop before the first step that would end at or after it.
+            stop_recall: stop before the ``stop_recall``-th step that recalls (the timeline's step).
+            record: keep the steps' intervals (``StepsTiming.intervals``).
+
+        Raises:
+            ValueError: both ``plan`` and ``sequential`` given.
+            RuntimeError: an interruptible item waits for a recall never released (a malformed plan).
+        """
+        if plan is not None and sequential is not None:
+            raise ValueError("time_steps takes an interruptible plan or the sequential pipeline's times, not both")
+        compute = np.ascontiguousarray(compute_s, dtype=np.float64)
+        prefetch, correction = (np.ascontiguousarray(p, dtype=np.float64) for p in plan) if plan else (NO_JOBS,) * 2
+        link_s, gather_s = (
+            (np.ascontiguousarray(s, dtype=np.float64) for s in sequential) if sequential else (NO_TIMES,) * 2
+        )
+        pipeline = 2 if plan is not None else (1 if sequential is not None else 0)
+        d2h = self.d2h
+        d2h_s = d2h.d2h_s(d2h_bytes) if d2h is not None and d2h_bytes > 0 else -1.0
+        intervals = np.zeros((5 * compute.size + 1, 5)) if record else NO_INTERVALS
+        kernel = compiled_time_steps() if self.fast_kernels else time_steps
+        j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, rows = kernel(
+            float(now_s), compute, np.ascontiguousarray(has_recall, dtype=np.bool_), pipeline, prefetch, correction,
+            int(lookahead_items), float(chunk_bytes), link_s, gather_s, float(overhead_s), float(head_s), d2h_s,
+            d2h.d2h_coupling if d2h is not None else 0.0, self.link_free_s, self.d2h_free_s, self.d2h_busy_s,
+            float(next_event_s), float(stop_recall), intervals,
+        )  # fmt: skip
+        kept = [(INTERVAL_KINDS[int(r[0])], int(r[1]), float(r[2]), float(r[3]), bool(r[4])) for r in intervals[:rows]]
+        return StepsTiming(j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, kept)
 
 
 def run_step(
@@ -102,61 +162,37 @@ def run_step(
     """Advance the clock through one decode step starting now; use as ``timing = yield from run_step(...)``.
 
     Args:
-        devices: the replica's GPU, link and host gather (``link_free_s`` is read and updated).
-        cost: what the step costs (per-layer compute, recall, gather; or an interruptible plan).
+        devices: the replica's queues (``link_free_s`` and the D2H queue are read and updated).
+        cost: what the step costs (per-item compute; per-layer link and gather times, or an interruptible plan).
         overhead_s: per-step host overhead before layer 0.
-        intervals: if a list, receives the step's ``(kind, item, start_s, end_s, preempted)`` intervals
-            (closed-form and interruptible timing only).
+        intervals: if a list, receives the step's ``(kind, item, start_s, end_s, preempted)`` intervals.
 
     Returns:
         The step's :class:`StepTiming`, or None when the step recalled nothing.
     """
     env = devices.env
     start = env.now
-    slow = devices.h2d_slowdown(start, cost)
     if cost.recall_s is None and cost.interrupt is None:
-        yield env.timeout(overhead_s + sum(cost.compute_s) + cost.head_s)
+        devices.queue_d2h(start, cost.d2h_bytes)
+        yield env.timeout(idle_step_s(overhead_s, cost.compute_s, cost.head_s))
         return None
-    recall_s = cost.recall_s if slow == 1.0 or cost.recall_s is None else [r * slow for r in cost.recall_s]
+    compute = np.array(cost.compute_s, dtype=np.float64)[None]
+    plan = sequential = None
+    lookahead_items, chunk_bytes = 1, 1.0
     if cost.interrupt is not None:
-        plan = stretched(cost.interrupt, slow)
-        if devices.interruptible_fast is not None and intervals is None:
-            timing = devices.interruptible_fast(
-                start + overhead_s, cost.compute_s, plan.prefetch, plan.correction, plan.lookahead_items,
-                plan.chunk_bytes, devices.link_free_s,
-            )  # fmt: skip
-        else:  # the pure-Python reference (it also records the timeline's intervals)
-            timing = run_interruptible(
-                start + overhead_s, cost.compute_s, plan.prefetch.tolist(), plan.correction.tolist(),
-                plan.lookahead_items, plan.chunk_bytes, devices.link_free_s, intervals,
-            )  # fmt: skip
-    elif devices.layer_events:
-        yield env.timeout(overhead_s)
-        timing = yield env.process(
-            run_events(env, devices.link, devices.gpu, cost.compute_s, recall_s, devices.host_gather, cost.gather_s)
-        )
-        yield env.timeout(cost.head_s)
-        return timing
+        p = cost.interrupt
+        plan, lookahead_items, chunk_bytes = (p.prefetch[None], p.correction[None]), p.lookahead_items, p.chunk_bytes
     else:
-        timing = run_closed_form(
-            start + overhead_s, cost.compute_s, recall_s, devices.link_free_s, cost.gather_s, intervals
-        )
-    devices.link_free_s = timing.link_free_s
-    yield env.timeout(timing.end_s + cost.head_s - start)
-    return timing
-
-
-def stretched(plan: InterruptPlan, slow: float) -> InterruptPlan:
-    """The plan with each job's copy share ``slow`` times longer (its service grows by the extra copy time);
-    jobs with no service are left as they are."""
-    if slow == 1.0:
-        return plan
-
-    def stretch(jobs: np.ndarray) -> np.ndarray:
-        out = jobs.copy()
-        extra = np.where(jobs[:, 1] > 0, jobs[:, 2] * (slow - 1.0), 0.0)
-        out[:, 1] += extra
-        out[:, 2] += extra
-        return out
-
-    return InterruptPlan(stretch(plan.prefetch), stretch(plan.correction), plan.lookahead_items, plan.chunk_bytes)
+        gather_s = cost.gather_s if cost.gather_s is not None else np.zeros(len(cost.recall_s))
+        sequential = (np.array(cost.recall_s, dtype=np.float64)[None], np.array(gather_s, dtype=np.float64)[None])
+    run = devices.time_steps(
+        start, compute, RECALLS, overhead_s, cost.head_s, cost.d2h_bytes, plan, lookahead_items, chunk_bytes,
+        sequential, record=intervals is not None,
+    )  # fmt: skip
+    devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = run.link_free_s, run.d2h_free_s, run.d2h_busy_s
+    if intervals is not None:
+        intervals.extend(run.intervals)
+    yield env.timeout(float(run.step_s[0]))
+    return StepTiming(
+        float(run.stall_s[0]), float(run.link_busy_s[0]), float(run.gather_busy_s[0]), run.item_stall_s[0]
+    )

@@ -46,7 +46,7 @@ from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
 from sim.study.executors import run_tasks
 from sim.study.slo import TailSlo
-from sim.study.steady import MIN_SAMPLE_REQUESTS, agree_with_single, delivered_frac, sample_note, steady_problem
+from sim.study.steady import MIN_SAMPLE_REQUESTS, delivered_frac, steady_problem
 from sim.workload import load_workload
 
 PLAN_COLUMNS = [
@@ -83,11 +83,14 @@ class PlanConfig:
     target_rate_per_s: float | None = None
     routers: tuple[str, ...] = ROUTERS
     max_requests: int | None = 600  # requests per replica (>= 20); None = the scenario's workload as is
-    rel_tol: float = 0.05  # bisection stops when hi / lo - 1 <= rel_tol
+    rel_tol: float = 0.05  # bisection stops when hi / lo - 1 <= rel_tol; at least MIN_REL_TOL
     max_steps: int = 8  # doublings (or halvings) while bracketing: rates in [start / 2**8, start * 2**8]
     max_replicas: int = 64
     gpu_hour_usd: dict[str, float] = field(default_factory=dict)  # hardware card name → $ per GPU-hour
     swap_hardware: bool = True  # False: ``hardware`` is just the scenario's own card's name, not applied
+
+
+MIN_REL_TOL = 1e-4  # a finer bisection only adds simulations whose rates differ by less than the sampling noise
 
 
 @dataclass
@@ -101,6 +104,9 @@ class Bisection:
 
 def bisect_max_rate(feasible: Callable[[float], bool], start: float, rel_tol: float, max_steps: int) -> Bisection:
     """Highest rate at which ``feasible`` holds, assuming it holds below some rate and fails above.
+
+    The bisection stops at ``hi / lo - 1 <= rel_tol`` or when no float lies between ``lo`` and ``hi``, so it ends
+    for any ``rel_tol > 0``.
 
     Raises:
         ValueError: if ``start`` or ``rel_tol`` is not positive.
@@ -137,6 +143,8 @@ def bisect_max_rate(feasible: Callable[[float], bool], start: float, rel_tol: fl
             hi = lo
     while hi / lo - 1 > rel_tol:
         mid = math.sqrt(lo * hi)
+        if not lo < mid < hi:  # lo and hi are adjacent floats: no rate left between them (tiny rel_tol)
+            break
         if check(mid):
             lo = mid
         else:
@@ -274,7 +282,7 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
             f">= {MIN_SAMPLE_REQUESTS}",
             cfg.max_requests is None or cfg.max_requests >= MIN_SAMPLE_REQUESTS,
         ),
-        ("rel_tol", cfg.rel_tol, "in (0, 1]", 0 < cfg.rel_tol <= 1),
+        ("rel_tol", cfg.rel_tol, f"in [{MIN_REL_TOL:g}, 1]", MIN_REL_TOL <= cfg.rel_tol <= 1),
         ("max_replicas", cfg.max_replicas, ">= 1", cfg.max_replicas >= 1),
         ("jobs", jobs, ">= 1", jobs >= 1),
     ]
@@ -341,6 +349,52 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
         }
         rows.append(row)
     return _finish_rows(rows, cell)
+
+
+def sample_note(cell: CellPlanner, found: Bisection) -> str:
+    """Why the single-replica answer is bounded by the sample rather than the SLO ('' when it is not)."""
+    if found.capped:
+        return f"still feasible at the highest rate tried ({found.rate:.3g}/s): the maximum may be higher"
+    above = [r for r, ok in found.tested if not ok and r > found.rate]
+    if not above:
+        return ""
+    summary = cell.single(min(above))
+    if cell.cfg.slo.met(summary) and summary.get("steady_problem"):
+        return (
+            f"sample-limited: at {min(above):.3g}/s the SLO held but the run was not steady "
+            f"({summary['steady_problem']}); raise --max-requests for a longer sample"
+        )
+    return ""
+
+
+def agree_with_single(cell: CellPlanner, router: str, n: int | None, summary: dict, max_rate: float):
+    """Keep the fleet answer consistent with the single-replica maximum; returns (n, summary, note).
+
+    A fleet of ``n`` is never credited with more than ``n × max_rate × (1 + rel_tol)`` (the bisection's
+    bracket): fewer replicas found by the fleet search are raised to that bound. A fleet that needs more than
+    ``ceil(target / max_rate)`` replicas keeps its answer, and the note says why.
+    """
+    target, tol = cell.cfg.target_rate_per_s, cell.cfg.rel_tol
+    if n is None or max_rate <= 0:
+        why = "one replica misses the SLO at every rate tried" if max_rate <= 0 else ""
+        return n, summary, why or f"no fleet of <= {cell.cfg.max_replicas} replicas met the SLO at the target"
+    least = math.ceil(target / (max_rate * (1 + tol)) - 1e-9)
+    divided = math.ceil(target / max_rate - 1e-9)
+    if n < least:
+        note = (
+            f"the {router} fleet met the SLO with {n} replicas at {target:.3g}/s, more than {n} x the single-replica "
+            f"maximum ({max_rate:.3g}/s); reported {least}, the fewest the single-replica maximum supports"
+        )
+        if least > cell.cfg.max_replicas:
+            return None, {}, f"{note.partition('; ')[0]}; {least} exceed max_replicas {cell.cfg.max_replicas}"
+        return least, cell.cluster(least, router), note
+    if n > divided:
+        why = (
+            f"needs {n} replicas, more than target / max rate = {divided}: the {router} fleet at {divided} "
+            "missed the SLO (uneven routing or burstier per-replica arrivals than the single-replica sample)"
+        )
+        return n, summary, why
+    return n, summary, ""
 
 
 def _finish_rows(rows: list[dict], cell: CellPlanner) -> list[dict]:

@@ -18,22 +18,18 @@ requests happened to meet the SLO. A run counts as steady when
    is still in flight when the last arrives (a burst served as one batch finishes all at once and would look
    infinitely fast by criterion 2).
 
-:func:`steady_problem` returns why a run is not steady (None when it is). `plan` counts a rate as feasible only
-when the SLO holds *and* the run is steady, so it never reports a rate its own simulation did not deliver.
-:func:`sample_note` says when the answer is bounded by the sample, and :func:`agree_with_single` keeps a fleet
-answer consistent with the single-replica maximum (sim/study/plan.py uses both).
+:func:`steady_problem` returns why a run is not steady (None when it is). `plan` (sim/study/plan.py) counts a rate
+as feasible only when the SLO holds *and* the run is steady, so it never reports a rate its own simulation did not
+deliver; what the plan then says about its answers (sample-limited notes, fleet answers kept consistent with the
+single-replica maximum) is the plan's own (sim/study/plan.py). This module reads request tables only.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-
-if TYPE_CHECKING:  # plan imports this module; the annotations only
-    from sim.study.plan import Bisection, CellPlanner
 
 STEADY_TOL = 0.1  # delivered throughput may fall this fraction short of the offered rate
 MIN_SAMPLE_REQUESTS = 20  # finished requests a sample needs to say anything
@@ -89,49 +85,3 @@ def steady_problem(requests: pd.DataFrame, tol: float = STEADY_TOL) -> str | Non
             "backlog grew, or the sample is too short for its latency"
         )
     return None
-
-
-def sample_note(cell: CellPlanner, found: Bisection) -> str:
-    """Why the single-replica answer is bounded by the sample rather than the SLO ('' when it is not)."""
-    if found.capped:
-        return f"still feasible at the highest rate tried ({found.rate:.3g}/s): the maximum may be higher"
-    above = [r for r, ok in found.tested if not ok and r > found.rate]
-    if not above:
-        return ""
-    summary = cell.single(min(above))
-    if cell.cfg.slo.met(summary) and summary.get("steady_problem"):
-        return (
-            f"sample-limited: at {min(above):.3g}/s the SLO held but the run was not steady "
-            f"({summary['steady_problem']}); raise --max-requests for a longer sample"
-        )
-    return ""
-
-
-def agree_with_single(cell: CellPlanner, router: str, n: int | None, summary: dict, max_rate: float):
-    """Keep the fleet answer consistent with the single-replica maximum; returns (n, summary, note).
-
-    A fleet of ``n`` is never credited with more than ``n × max_rate × (1 + rel_tol)`` (the bisection's
-    bracket): fewer replicas found by the fleet search are raised to that bound. A fleet that needs more than
-    ``ceil(target / max_rate)`` replicas keeps its answer, and the note says why.
-    """
-    target, tol = cell.cfg.target_rate_per_s, cell.cfg.rel_tol
-    if n is None or max_rate <= 0:
-        why = "one replica misses the SLO at every rate tried" if max_rate <= 0 else ""
-        return n, summary, why or f"no fleet of <= {cell.cfg.max_replicas} replicas met the SLO at the target"
-    least = math.ceil(target / (max_rate * (1 + tol)) - 1e-9)
-    divided = math.ceil(target / max_rate - 1e-9)
-    if n < least:
-        note = (
-            f"the {router} fleet met the SLO with {n} replicas at {target:.3g}/s, more than {n} x the single-replica "
-            f"maximum ({max_rate:.3g}/s); reported {least}, the fewest the single-replica maximum supports"
-        )
-        if least > cell.cfg.max_replicas:
-            return None, {}, f"{note.partition('; ')[0]}; {least} exceed max_replicas {cell.cfg.max_replicas}"
-        return least, cell.cluster(least, router), note
-    if n > divided:
-        why = (
-            f"needs {n} replicas, more than target / max rate = {divided}: the {router} fleet at {divided} "
-            "missed the SLO (uneven routing or burstier per-replica arrivals than the single-replica sample)"
-        )
-        return n, summary, why
-    return n, summary, ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.config import HardwareSpec, ModelSpec
@@ -92,3 +93,14 @@ def test_prefill_split_into_two_chunks_costs_the_same_when_compute_bound(dense, 
     assert first > dense.weight_bytes / dense.bandwidth_bps
     assert second > dense.weight_bytes / dense.bandwidth_bps
     assert first + second == pytest.approx(whole, rel=1e-9)
+
+
+def test_layer_time_of_k_steps_is_each_steps_scalar_time(dense, moe):
+    """One formula for one step or k (numpy broadcasting): an int64 [k] of attended tokens gives float64 [k], each the
+    time of the scalar call, bit for bit; an int gives a float."""
+    attended = np.array([0, 1_000, 123_457, 3_000_000], dtype=np.int64)
+    for compute in (dense, moe):
+        many = compute.decode_layer_s(16, attended)
+        assert many.dtype == np.float64 and many.shape == (4,)
+        assert many.tolist() == [compute.decode_layer_s(16, int(a)) for a in attended]
+        assert type(compute.decode_layer_s(16, 1_000)) is float

@@ -1,4 +1,4 @@
-"""The I/O path as its parts (sim/step/link.py, pipeline.py, interrupt.py, timing.py): host gather is its own
+"""The I/O path as its parts (sim/step/link.py, pipeline.py, timing.py): host gather is its own
 resource and never link time; batched copies and GPU gather kernels; the D2H queue."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from sim.config.loader import load_card
 from sim.policies import make_policy
 from sim.run import simulate
 from sim.step.cost import StepCost
-from sim.step.interrupt import run_interruptible
 from sim.step.link import LinkModel
-from sim.step.pipeline import run_closed_form, run_events
 from sim.step.timing import StepDevices, run_step
+from tests.sim.oracles.step_timing import jobs4, run_events
 
 KIB, MIB = 1024, 1024 * 1024
 times = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
@@ -27,6 +26,20 @@ def _hw(**changes) -> HardwareSpec:
     return HardwareSpec.model_validate({**load_card("hardware", "h200"), **changes})
 
 
+def _one_step(t0, compute_s, link_free_s, recall_s=None, gather_s=None, prefetch=None, correction=None,
+              lookahead=1, chunk_bytes=1.0):  # fmt: skip
+    """One step from ``t0`` (no overhead, head or D2H) by the sim/ function: sequential with ``recall_s``, else
+    interruptible (jobs as tuples)."""
+    devices = StepDevices(simpy.Environment(), None, "python")
+    devices.link_free_s = link_free_s
+    if recall_s is not None:
+        pipes = {"sequential": (np.array([recall_s]), np.array([gather_s]))}
+    else:
+        pipes = {"plan": (jobs4(prefetch)[None], jobs4(correction)[None])}
+    return devices.time_steps(t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead,
+                              chunk_bytes=chunk_bytes, **pipes)  # fmt: skip
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(1, 10).flatmap(
@@ -34,10 +47,10 @@ def _hw(**changes) -> HardwareSpec:
     )
 )
 def test_closed_form_equals_events_with_host_gather(layers):
-    """Gather on its own resource: both implementations agree on times, link busy and gather busy."""
+    """Gather on its own resource: the pipeline and the SimPy-events oracle agree on times, link and gather busy."""
     compute_s, recall_s, gather_s, link_free = layers
     t0 = 1.0
-    closed = run_closed_form(t0, compute_s, recall_s, t0, gather_s)
+    got = _one_step(t0, compute_s, t0, recall_s, gather_s)
     env = simpy.Environment(initial_time=t0)
     proc = env.process(
         run_events(
@@ -46,10 +59,11 @@ def test_closed_form_equals_events_with_host_gather(layers):
     )
     env.run(until=proc)
     events = proc.value
-    for field in ("end_s", "stall_s", "link_busy_s", "gather_busy_s"):
-        assert getattr(closed, field) == pytest.approx(getattr(events, field), rel=0, abs=1e-12), field
-    assert closed.link_busy_s == pytest.approx(sum(r for r in recall_s if r > 0), abs=1e-12)
-    assert closed.gather_busy_s == pytest.approx(sum(g for r, g in zip(recall_s, gather_s) if r > 0), abs=1e-12)
+    assert got.times_s[1] == pytest.approx(events.end_s, rel=0, abs=1e-12)
+    for field in ("stall_s", "link_busy_s", "gather_busy_s"):
+        assert getattr(got, field)[0] == pytest.approx(getattr(events, field), rel=0, abs=1e-12), field
+    assert got.link_busy_s[0] == pytest.approx(sum(r for r in recall_s if r > 0), abs=1e-12)
+    assert got.gather_busy_s[0] == pytest.approx(sum(g for r, g in zip(recall_s, gather_s) if r > 0), abs=1e-12)
 
 
 def test_streamed_job_holds_the_link_for_the_pipeline_but_charges_only_its_copy():
@@ -60,18 +74,18 @@ def test_streamed_job_holds_the_link_for_the_pipeline_but_charges_only_its_copy(
     assert gather[0] > copy[0]  # gather-bound: one thread at 10 GB/s vs a 50 GB/s link
     assert max(gather[0], copy[0]) < job[0] < gather[0] + copy[0]
     item = (float(nbytes), float(job[0]), float(copy[0]), float(gather[0]))
-    t = run_interruptible(0.0, [1e-3], [item], [(0.0, 0.0)], 1, 1 * MIB, 0.0)
-    assert t.end_s == pytest.approx(job[0] + 1e-3)
-    assert t.link_busy_s == pytest.approx(copy[0]) and t.gather_busy_s == pytest.approx(gather[0])
+    t = _one_step(0.0, [1e-3], 0.0, prefetch=[item], correction=[(0.0, 0.0)], chunk_bytes=1 * MIB)
+    assert t.times_s[1] == pytest.approx(job[0] + 1e-3)
+    assert t.link_busy_s[0] == pytest.approx(copy[0]) and t.gather_busy_s[0] == pytest.approx(gather[0])
 
 
 def test_preempted_streamed_job_splits_its_busy_time_in_proportion():
     """An urgent correction pre-empts a streamed prefetch; totals of copy and gather time are conserved."""
     pre = [(8e6, 4.0, 1.0, 3.0), (8e6, 4.0, 1.0, 3.0)]
     cor = [(0.0, 0.0), (1e6, 0.5, 0.5, 0.0)]
-    t = run_interruptible(0.0, [1.0, 1.0], pre, cor, 2, 1e6, 0.0)
-    assert t.link_busy_s == pytest.approx(2 * 1.0 + 0.5)
-    assert t.gather_busy_s == pytest.approx(2 * 3.0)
+    t = _one_step(0.0, [1.0, 1.0], 0.0, prefetch=pre, correction=cor, lookahead=2, chunk_bytes=1e6)
+    assert t.link_busy_s[0] == pytest.approx(2 * 1.0 + 0.5)
+    assert t.gather_busy_s[0] == pytest.approx(2 * 3.0)
 
 
 def test_gather_threads_change_gather_time_not_link_busy():
@@ -155,13 +169,14 @@ def test_new_io_modes_run_end_to_end(one_request_scenario, io):
 def test_d2h_queue_is_fifo_and_slows_h2d_only_while_busy():
     env = simpy.Environment()
     hw = _hw(d2h_bandwidth_gbps=10, d2h_coupling=0.5)
-    dev = StepDevices(env, False, hw)
+    dev = StepDevices(env, hw)
     assert dev.queue_d2h(0.0, 10e6) == pytest.approx(1e-3)
     assert dev.queue_d2h(0.0, 10e6) == pytest.approx(1e-3)
     assert dev.d2h_free_s == pytest.approx(2e-3) and dev.d2h_busy_s == pytest.approx(2e-3)
     cost = StepCost([0.5e-3] * 4, [1e-4] * 4, None, 0.0, 1, 1, 1, 1)  # 2 ms of compute
-    assert dev.h2d_slowdown(0.0, cost) == pytest.approx(1 / (1 - 0.5))  # D2H busy the whole step
-    assert dev.h2d_slowdown(10.0, cost) == 1.0  # idle D2H: no contention
+    # D2H busy the whole step: its copies run 1 / (1 - 0.5) times longer; on an idle D2H queue, as they are
+    assert _timed(dev, cost).link_busy_s == pytest.approx(4e-4 / (1 - 0.5))
+    assert _timed(StepDevices(simpy.Environment(), hw), cost).link_busy_s == pytest.approx(4e-4)
 
 
 def test_colocated_offloaded_prefill_writes_its_prompt_over_d2h(one_request_scenario):
@@ -173,15 +188,11 @@ def test_colocated_offloaded_prefill_writes_its_prompt_over_d2h(one_request_scen
     assert s["d2h_busy_frac"] * s["duration_s"] == pytest.approx(expected, rel=0.01)
 
 
-def test_interruptible_plan_of_numpy_floats_times_like_python_floats():
-    """numpy bools add as OR: a plan of numpy floats must still make an item wait for both of its jobs."""
+def test_an_item_waits_for_both_of_its_jobs():
     pre = [(8e6, 1e-3, 1e-3, 0.0)] * 3
     cor = [(1e6, 2e-4, 2e-4, 0.0)] * 3
-    as_np = [tuple(np.float64(x) for x in job) for job in pre], [tuple(np.float64(x) for x in job) for job in cor]
-    a = run_interruptible(0.0, [5e-4] * 3, pre, cor, 2, 1e6, 0.0)
-    b = run_interruptible(0.0, [5e-4] * 3, *as_np, 2, 1e6, 0.0)
-    assert (a.end_s, a.stall_s) == pytest.approx((b.end_s, b.stall_s), abs=1e-15)
-    assert a.end_s >= 3 * 1.2e-3  # the link serves every job before the last item computes
+    t = _one_step(0.0, [5e-4] * 3, 0.0, prefetch=pre, correction=cor, lookahead=2, chunk_bytes=1e6)
+    assert t.times_s[1] >= 3 * 1.2e-3  # the link serves every job before the last item computes
 
 
 @pytest.mark.parametrize("card", ["h200", "h100-sxm", "a100-80gb"])
@@ -204,7 +215,7 @@ def test_h2d_under_concurrent_d2h_case_nvbandwidth_53(card, published):
     A large copy in a step whose D2H queue is busy throughout runs at the published ratio (tolerance 5 %)."""
     hw = HardwareSpec.model_validate(load_card("hardware", card))
     env = simpy.Environment()
-    dev = StepDevices(env, False, hw)
+    dev = StepDevices(env, hw)
     nbytes = 256 * MIB
     copy_s = LinkModel(hw).transfer_s(nbytes)
     dev.queue_d2h(0.0, 10 * copy_s * hw.d2h_bandwidth_gbps * 1e9)  # a prompt write outlasting the step
@@ -213,9 +224,16 @@ def test_h2d_under_concurrent_d2h_case_nvbandwidth_53(card, published):
     env.run(until=proc)
     ratio = LinkModel(hw).achieved_gbps(nbytes, proc.value.link_busy_s) / LinkModel(hw).achieved_gbps(nbytes, copy_s)
     assert ratio == pytest.approx(published[1] / published[0], rel=0.05)
-    idle = StepDevices(simpy.Environment(), False, hw)
-    assert idle.h2d_slowdown(0.0, cost) == 1.0  # no D2H work: no contention
+    idle = StepDevices(simpy.Environment(), hw)
+    assert _timed(idle, cost).link_busy_s == copy_s  # no D2H work: no contention
 
 
 def _run(devices, cost):
     return (yield from run_step(devices, cost, 0.0))
+
+
+def _timed(devices, cost):
+    """The timing of one step of ``cost`` run now on ``devices``."""
+    proc = devices.env.process(_run(devices, cost))
+    devices.env.run(until=proc)
+    return proc.value

@@ -12,11 +12,12 @@ from sim.run import simulate
 
 def test_a_step_spanning_two_bins_is_split_by_overlap():
     rec = Recorder(num_layers=2, layer_bin_s=10.0)
-    rec.add_layers(7.5, np.array([100, 40]), np.zeros(2, dtype=np.int64), [0.0, 0.0], end_s=17.5)
+    zeros = np.zeros((1, 2), dtype=np.int64)
+    rec.add_layers(np.array([7.5]), np.array([17.5]), np.array([[100, 40]]), zeros, np.zeros((1, 2)))
     assert rec.binned_bytes[0] == pytest.approx([25.0, 10.0]) and rec.binned_bytes[1] == pytest.approx([75.0, 30.0])
-    rec.add_layers(20.0, np.array([8, 8]), np.zeros(2, dtype=np.int64), [0.0, 0.0], end_s=30.0)  # ends on an edge
+    rec.add_layers(np.array([20.0]), np.array([30.0]), np.array([[8, 8]]), zeros, np.zeros((1, 2)))  # ends on an edge
     assert sorted(rec.binned_bytes) == [0, 1, 2] and rec.binned_bytes[2] == pytest.approx([8.0, 8.0])
-    rec.add_layers(31.0, np.array([5, 5]), np.zeros(2, dtype=np.int64), [0.0, 0.0])  # an instant: one bin
+    rec.add_layers(np.array([31.0]), np.array([31.0]), np.array([[5, 5]]), zeros, np.zeros((1, 2)))  # an instant
     assert rec.binned_bytes[3] == pytest.approx([5.0, 5.0]) and list(rec.layer_bytes) == [113, 53]
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from sim.config import HardwareSpec
 from sim.config.loader import load_card
-from sim.step.link import LinkModel
+from sim.config.policy import IO_MODES
+from sim.step.link import LINK_IO_MODES, LinkModel
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -75,3 +76,15 @@ def test_d2h_coupling_slows_h2d_in_proportion_to_d2h_busy_time():
     # 5 MB at 10 GB/s keeps D2H busy for half of a 1 ms step → H2D at 1 - 0.5 * 0.5 of its rate
     assert link.d2h_slowdown(link.d2h_s(5e6), 1e-3) == pytest.approx(1 / 0.75)
     assert link.d2h_slowdown(link.d2h_s(50e6), 1e-3) == pytest.approx(1 / 0.5)  # busy share saturates at 1
+
+
+def test_link_modes_are_the_policy_io_modes_plus_streamed():
+    """One name per concept: a policy's ``io`` values (config) and the link's modes, which add only ``streamed``
+    (what gather-scatter becomes under the interruptible pipeline); every link mode is costed, others refused."""
+    assert set(LINK_IO_MODES) - set(IO_MODES) == {"streamed"} and set(IO_MODES) <= set(LINK_IO_MODES)
+    link = LinkModel(_hw())
+    for io in LINK_IO_MODES:
+        gather, copy = link.layer_times([64 * 128 * KIB], [64], io, chunk_bytes=MIB)
+        assert copy[0] > 0 and gather[0] >= 0, io
+    with pytest.raises(ValueError, match="must be one of"):
+        link.layer_times([KIB], [1], "streaming")

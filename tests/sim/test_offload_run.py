@@ -5,8 +5,8 @@ on and off, over the mechanisms that make offloaded steps differ (per-request st
 a shared recall cache sized by the free pool, a fixed miss fraction, late corrections, D2H slowdown, each
 ``io``, interruptible and sequential scheduling, a measured selection cost, TP 2, IO-adaptive admission with a
 queue). Each run checks that offloaded runs happened. Unit tests check the pieces: k steps of the recall model at
-once equal k calls of ``RecallModel.step`` on the same streams (and leave the streams where k calls leave them),
-and the compiled drift recurrence equals its Python source.
+once equal k runs of one step (``RecallModel.step``) on the same streams (and leave the streams where k steps
+leave them), and the compiled drift recurrence equals its Python source.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.replica import Replica
 from sim.step.draws import RecallDraws
-from sim.step.recall_run import _drift, _drift_py, recall_run
+from sim.step.recall import drift_steps, drift_steps_py
 from tests.sim.test_skip_ahead import SHORT, SMALL_POOL, _assert_equal
 
 ALL_OFFLOADED = ["policies=pulseinfer", "policy.pulseinfer.offload_threshold_tokens=16", "workload.max_requests=80"]
@@ -35,11 +35,11 @@ def offloaded_runs(monkeypatch):
     counts = {"runs": 0, "steps": 0}
     real = Replica._apply_run
 
-    def apply(self, times_s, attended, ctx, blocks, allocated_blocks, recall=None):
-        if recall is not None:
+    def apply(self, run):
+        if run.recall is not None and run.steps >= 2:  # a skip-ahead run (a single step is a run of one)
             counts["runs"] += 1
-            counts["steps"] += len(attended)
-        return real(self, times_s, attended, ctx, blocks, allocated_blocks, recall)
+            counts["steps"] += run.steps
+        return real(self, run)
 
     monkeypatch.setattr(Replica, "_apply_run", apply)
     return counts
@@ -77,7 +77,7 @@ def _both(scenario: str, overrides: list[str]):
         pytest.param(["model=llama-3.1-70b", "serving.tp_size=2", "run.tables=summary"], id="tp2-summary"),
         pytest.param([*SMALL_POOL, "policy.pulseinfer.admission=io_adaptive"], id="io-adaptive-queue"),
         pytest.param(["workload.target_rate_per_s=0.5", "run.timeline_step=40"], id="sparse-arrivals"),
-        # the sequential pipeline (run_closed_form's port): gather-scatter with D2H slowdown, per-fragment
+        # the sequential pipeline: gather-scatter with D2H slowdown, per-fragment
         pytest.param(
             ["policy.pulseinfer.scheduling=sequential", "hardware.d2h_coupling=0.5"], id="sequential-gather-d2h"
         ),
@@ -145,8 +145,8 @@ def test_recall_run_equals_steps(n, k, seed, burst, shared, headwise, cold_first
     for t in range(k):
         c = cache[t] if shared else None
         rec = model.step(ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), stepped_draws, None, 1, state_ref, c)
-        expected.append((rec.fragments[0], rec.selected_fragments))
-    run = recall_run(model, ctx, cold, run_draws, state0.copy(), cache)
+        expected.append((rec.fragments[0], rec.selected_fragments[0]))
+    run = model.run(ctx, cold, run_draws, None, 1, state0.copy(), cache)
     for t, (frags, selected) in enumerate(expected):
         np.testing.assert_array_equal(run.fragments[t], frags)
         assert run.selected_fragments[t] == selected
@@ -168,8 +168,8 @@ def test_compiled_drift_equals_python(n, k, seed, burst):
     rng = np.random.default_rng(seed)
     x, left = rng.normal(size=n), rng.integers(0, 3, n).astype(float)
     z, starts, lengths = rng.normal(size=(k, n)), rng.random((k, n)), rng.geometric(0.4, (k, n)).astype(float)
-    a = _drift(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
-    b = _drift_py(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
+    a = drift_steps(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
+    b = drift_steps_py(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
     for got, want in zip(a, b, strict=True):
         np.testing.assert_array_equal(got, want)
 

@@ -1,17 +1,31 @@
-"""The closed-form layer pipeline equals the SimPy layer-by-layer model, step by step and end to end."""
+"""The sequential layer pipeline (sim/step/pipeline.py) equals the SimPy layer-by-layer oracle (tests/sim/oracles/
+step_timing.py ``run_events``: the link and the GPU stream as real resources), times by hand, and the retired
+``run.layer_model`` knob."""
 
 from __future__ import annotations
 
-import pandas as pd
+import numpy as np
 import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.run import simulate
-from sim.step.pipeline import run_closed_form, run_events
+from sim import ScenarioError, load_scenario
+from sim.step.timing import StepDevices, StepsTiming
+from tests.sim.oracles.step_timing import run_events
 
 times = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
+
+
+def sequential(t0: float, compute_s: list[float], recall_s: list[float], link_free_s: float,
+               gather_s: list[float] | None = None, kernels: str = "python") -> StepsTiming:  # fmt: skip
+    """One step of the sequential pipeline from ``t0`` (no overhead, no head, no D2H), by the sim/ function."""
+    devices = StepDevices(simpy.Environment(), None, kernels)
+    devices.link_free_s = link_free_s
+    gather = gather_s if gather_s is not None else [0.0] * len(recall_s)
+    return devices.time_steps(
+        t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, sequential=(np.array([recall_s]), np.array([gather]))
+    )
 
 
 def _events(compute_s, recall_s, t0):
@@ -22,48 +36,36 @@ def _events(compute_s, recall_s, t0):
     return proc.value
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.lists(times, min_size=n, max_size=n),
                                                       st.lists(times, min_size=n, max_size=n))))  # fmt: skip
-def test_closed_form_equals_events(layers):
+def test_sequential_pipeline_equals_the_events_oracle(layers):
     compute_s, recall_s = layers
     t0 = 3.0
-    closed = run_closed_form(t0, compute_s, recall_s, link_free_s=t0)
+    got = sequential(t0, compute_s, recall_s, link_free_s=t0)
     events = _events(compute_s, recall_s, t0)
-    assert closed.end_s == pytest.approx(events.end_s, rel=0, abs=1e-12)
-    assert closed.stall_s == pytest.approx(events.stall_s, rel=0, abs=1e-12)
-    assert closed.link_busy_s == pytest.approx(events.link_busy_s, rel=0, abs=1e-12)
+    assert got.times_s[1] == pytest.approx(events.end_s, rel=0, abs=1e-12)
+    assert got.stall_s[0] == pytest.approx(events.stall_s, rel=0, abs=1e-12)
+    assert got.link_busy_s[0] == pytest.approx(events.link_busy_s, rel=0, abs=1e-12)
 
 
 def test_recall_of_next_layer_overlaps_compute():
     # r <= c: only layer 0's recall is exposed.
-    t = run_closed_form(0.0, [2.0] * 4, [1.0] * 4, 0.0)
-    assert (t.end_s, t.stall_s) == (9.0, 1.0)
+    t = sequential(0.0, [2.0] * 4, [1.0] * 4, 0.0)
+    assert (t.times_s[1], t.stall_s[0]) == (9.0, 1.0)
     # r > c: the link paces the layers; the last compute follows the last recall.
-    t = run_closed_form(0.0, [1.0] * 4, [2.0] * 4, 0.0)
-    assert (t.end_s, t.stall_s) == (9.0, 5.0)
+    t = sequential(0.0, [1.0] * 4, [2.0] * 4, 0.0)
+    assert (t.times_s[1], t.stall_s[0]) == (9.0, 5.0)
+    assert t.item_stall_s[0].tolist() == [2.0, 1.0, 1.0, 1.0]
 
 
 def test_busy_link_delays_first_recall():
-    t = run_closed_form(0.0, [1.0], [1.0], link_free_s=5.0)
-    assert t.end_s == 7.0 and t.stall_s == 6.0
+    t = sequential(0.0, [1.0], [1.0], link_free_s=5.0)
+    assert t.times_s[1] == 7.0 and t.stall_s[0] == 6.0 and t.link_free_s == 6.0
 
 
-def test_whole_simulation_same_with_events_layer_model(one_request_scenario):
-    """Several overlapping requests, offloaded and dense: both layer models give identical tables."""
-    overrides = (
-        "workload.synthetic.num_requests=12",
-        "workload.synthetic.rate_per_s=4",
-        "workload.synthetic.prompt_tokens_cv=1.0",
-        "workload.synthetic.output_tokens_cv=0.5",
-        "policy.pulseinfer.scheduling=sequential",  # interruptible steps always use sim/step/interrupt.py
-        "policy.pulseinfer.admission=static",
-    )
-    closed = simulate(one_request_scenario(12000, 40, *overrides))
-    events = simulate(one_request_scenario(12000, 40, *overrides, "run.layer_model=events"))
-    assert closed.policies["pulseinfer"].requests["offloaded"].any()
-    assert not closed.policies["pulseinfer"].requests["offloaded"].all()
-    for name in ("sglang", "pulseinfer"):
-        a, b = closed.policies[name], events.policies[name]
-        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=False, rtol=0, atol=1e-9)
-        pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=0, atol=1e-9)
+def test_layer_model_closed_form_still_loads_and_events_is_refused():
+    assert "layer_model" not in load_scenario("default", ["run.layer_model=closed_form"]).run.model_dump()
+    with pytest.raises(ScenarioError, match="retired.*test oracle") as err:
+        load_scenario("default", ["run.layer_model=events"])
+    assert "\n" not in str(err.value)

@@ -1,9 +1,9 @@
 """Output at the size of the question (issue 19): the column recorder, ``run.tables: summary`` and
 ``run.table_format`` (CSV / Parquet).
 
-- The step table built from the recorder's column arrays equals the previous implementation's (one tuple per
-  step, ``pd.DataFrame(rows, columns=STEP_COLUMNS)``), kept here as the reference builder, on a run of every
-  policy kind (prefill and decode steps, offloaded requests, recalls).
+- The step table built from the recorder's column arrays equals one tuple per step built from what the replica
+  hands the recorder (``pd.DataFrame(rows, columns=STEP_COLUMNS)``), kept here as the reference builder, on a run
+  of every policy kind (prefill and decode steps, offloaded requests, recalls), with and without skip-ahead.
 - The requests table built column-wise equals the previous row-by-row builder, kept here as the reference, on
   generated requests (finished, cut, rejected, one output token, never admitted to decode, any order) and on a
   run's requests.
@@ -29,6 +29,7 @@ from pulseinfer.cli import EXIT_BAD_INPUT, main
 from sim.config import ScenarioError, load_scenario
 from sim.config.files import resolve_table_format
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Recorder, requests_table
+from sim.metrics.recorder import RECALL_COLUMNS
 from sim.run import simulate, simulate_policy
 from sim.serving.cluster import simulate_cluster
 from sim.serving.request import Request
@@ -38,25 +39,33 @@ from sim.workload import load_workload
 SMALL = ["workload.max_requests=30", "serving.prefill=colocated", "run.progress=false"]
 
 
-def _reference_record_step(rows: list):
-    """The previous ``Recorder.record_step``: one tuple per step, appended to ``rows``."""
+def _reference_recording(rows: list):
+    """The step table's rows as tuples, one per step, built from what the replica hands ``Recorder.record_prefill``
+    and ``Recorder.record_decode_run`` (one run of k ≥ 1 decode steps: k tuples); appended to ``rows``."""
 
-    def record(self, phase, start_s, end_s, batch_size, num_offloaded, prefill_tokens, cost, stall_s, link_busy_s,
-               kv_state, gather_busy_s=0.0):  # fmt: skip
-        attended = recall_bytes = fragments = transfers = selected = 0
-        if cost is not None:
-            attended, recall_bytes = cost.attended_tokens, cost.recall_bytes
-            fragments, transfers, selected = cost.num_fragments, cost.num_transfers, cost.selected_fragments
+    def prefill(self, start_s, end_s, batch_size, num_offloaded, prefill_tokens, kv_state):
         blocks_used, hbm_bytes, host_bytes = kv_state
         rows.append(
-            (
-                len(rows), phase, start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens,
-                attended, recall_bytes, fragments, transfers, stall_s, link_busy_s, gather_busy_s, blocks_used,
-                hbm_bytes, host_bytes, selected,
-            )
+            (len(rows), "prefill", start_s, end_s - start_s, batch_size, num_offloaded, prefill_tokens, 0, 0, 0, 0,
+             0.0, 0.0, 0.0, blocks_used, hbm_bytes, host_bytes, 0)
         )  # fmt: skip
 
-    return record
+    def decode(self, start_s, duration_s, batch_size, num_offloaded, attended, blocks_used, hbm_bytes, host_bytes,
+               recall=None):  # fmt: skip
+        for i in range(len(start_s)):
+            r = {name: recall[name][i] for name in RECALL_COLUMNS} if recall is not None else None
+            ints = (0, 0, 0, 0) if r is None else tuple(int(r[c]) for c in INT_RECALL)
+            floats = (0.0, 0.0, 0.0) if r is None else tuple(float(r[c]) for c in FLOAT_RECALL)
+            rows.append(
+                (len(rows), "decode", float(start_s[i]), float(duration_s[i]), batch_size, num_offloaded, 0,
+                 int(attended[i]), *ints[:3], *floats, int(blocks_used[i]), int(hbm_bytes[i]), host_bytes, ints[3])
+            )  # fmt: skip
+
+    return prefill, decode
+
+
+INT_RECALL = ("recall_bytes", "num_fragments", "num_transfers", "selected_fragments")
+FLOAT_RECALL = ("stall_s", "link_busy_s", "gather_busy_s")
 
 
 def _reference_requests_table(reqs: list) -> pd.DataFrame:
@@ -125,20 +134,26 @@ def full_and_summary():
     return full, only
 
 
-def test_step_table_from_columns_equals_the_tuple_builder(monkeypatch):
-    # every step through record_step (skip-ahead's record_decode_run is tested equal in test_skip_ahead.py)
-    scenario = load_scenario("default", [*SMALL, "run.skip_ahead=false"])
+@pytest.mark.parametrize("skip_ahead", [False, True])
+def test_step_table_from_columns_equals_the_tuple_builder(monkeypatch, skip_ahead):
+    """Prefill rows, decode steps recorded as runs of one and (skip-ahead) longer runs, merged into columns."""
+    scenario = load_scenario("default", [*SMALL, f"run.skip_ahead={str(skip_ahead).lower()}"])
     workload = load_workload(scenario)
-    original = Recorder.record_step
+    real_prefill, real_decode = Recorder.record_prefill, Recorder.record_decode_run
     for i, policy in enumerate(scenario.policies):
         rows: list[tuple] = []
-        reference = _reference_record_step(rows)
+        ref_prefill, ref_decode = _reference_recording(rows)
 
-        def both(self, *args, _reference=reference, **kwargs):
-            _reference(self, *args, **kwargs)
-            original(self, *args, **kwargs)
+        def prefill(self, *args, _ref=ref_prefill):
+            _ref(self, *args)
+            real_prefill(self, *args)
 
-        monkeypatch.setattr(Recorder, "record_step", both)
+        def decode(self, *args, _ref=ref_decode):
+            _ref(self, *args)
+            real_decode(self, *args)
+
+        monkeypatch.setattr(Recorder, "record_prefill", prefill)
+        monkeypatch.setattr(Recorder, "record_decode_run", decode)
         steps = simulate_policy(scenario, workload, policy, seed_index=i).steps
         expected = pd.DataFrame(rows, columns=STEP_COLUMNS)
         assert set(steps["phase"]) == {"prefill", "decode"}
@@ -159,8 +174,9 @@ def test_summary_only_gives_the_same_summary_and_requests(full_and_summary):
 def test_summary_only_recorder_keeps_no_step_rows():
     scenario = load_scenario("default", [*SMALL, "run.tables=summary", "policies=pulseinfer"])
     rec = Recorder(scenario.model.num_layers, keep_steps=False)
-    rec.record_step("prefill", 0.0, 1.0, 1, 0, 100, None, 0.0, 0.0, (5, 10, 0))
-    rec.record_step("decode", 1.0, 1.5, 2, 1, 0, None, 0.25, 0.0, (7, 10, 0))
+    rec.record_prefill(0.0, 1.0, 1, 0, 100, (5, 10, 0))
+    recall = {name: [0] for name in INT_RECALL} | {"stall_s": [0.25], "link_busy_s": [0.0], "gather_busy_s": [0.0]}
+    rec.record_decode_run([1.0], [0.5], 2, 1, [9], [7], [10], 0, recall)
     assert rec.totals.num_steps == 2 and rec.totals.peak_kv_used_blocks == 7
     assert rec.totals.decode_time_s == 0.5 and rec.totals.prefill_time_s == 1.0 and rec.totals.decode_stall_s == 0.25
     assert all(len(column) == 0 for column in rec._columns.values())

@@ -32,7 +32,6 @@ VALID: dict[str, list] = {
     "hardware.reserve_gib": [0, 4],
     "model.max_seq_len": [32768, 131072],
     "serving.prefill": ["colocated", "disaggregated", "none"],
-    "run.layer_model": ["closed_form", "events"],
     "workload.synthetic.prompt_tokens_cv": [0, 1.0, 3.0],
     "slo.tpot_ms": [50, 200],
 }

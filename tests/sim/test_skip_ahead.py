@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from sim import load_scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
-from sim.metrics import recorder
 from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.cluster import simulate_cluster
@@ -105,16 +104,6 @@ def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
     if SMALL_POOL[0] in overrides:
         assert fast.policies["sglang"].summary["num_preemptions"] > 0
         assert counted["queued"] > 10, counted  # runs ended by a queued request's admission (quiet_decisions)
-
-
-def test_run_rows_merged_in_chunks_keep_step_order(counted, monkeypatch):
-    """The recorder keeps a run's rows as given and merges them with the rows recorded one by one every
-    ``RUNS_PER_CHUNK`` runs: with chunks of 3 runs (many merges, interleaved prefill and single decode steps, offloaded
-    steps among them) the tables still equal stepping's."""
-    monkeypatch.setattr(recorder, "RUNS_PER_CHUNK", 3)
-    ref, fast = _both([*SHORT, "policies=sglang,pulseinfer", "policy.pulseinfer.offload_threshold_tokens=1500"])
-    assert counted["runs"] > 30, counted
-    _assert_equal(ref, fast)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +217,7 @@ def test_vectorised_layer_time_equals_scalar(model, hardware, tp, profile, batch
     if profile:
         compute.profile, compute._layer = object(), (3.1e-5, 7.3e-7, 1.3e-10)
     attended = first + batch * np.arange(steps, dtype=np.int64)
-    many = compute.decode_layer_s_many(batch, attended)
+    many = compute.decode_layer_s(batch, attended)
     assert many.dtype == np.float64 and many.shape == (steps,)
     assert many.tolist() == [compute.decode_layer_s(batch, int(a)) for a in attended]
 
@@ -238,8 +227,7 @@ def _admits(adm, batch, generated0, ratio0, head, n, free, after_steps, make_kv,
     ``batch`` (its ``generated`` and the admission's ratio set as they would be)."""
     batch.generated = generated0 + after_steps
     adm.new_token_ratio = ratio0
-    for _ in range(after_steps):
-        adm.on_decode_step(0)
+    adm.on_decode_run([0.0] * after_steps, [0] * after_steps)
     return bool(list(adm.select(deque([_head(head)]), batch, make_kv(free), n, lambda: True, disaggregated)))
 
 
@@ -320,30 +308,6 @@ def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, prefix,
     assert edges >= 15, edges  # the head joined mid-run often enough for the comparison to mean something
 
 
-@pytest.mark.parametrize("policy", ["sglang", "headwise", "pulseinfer"])
-def test_decode_run_feedback_equals_step_by_step(policy):
-    """Admission.on_decode_run leaves the admission (new_token_ratio; φ and last_attended for IO-adaptive) as
-    observe + on_decode_step step by step would, from random states (φ near its bounds included)."""
-    scenario = load_scenario("default", [])
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        a, b = make_policy(scenario, policy).admission, make_policy(scenario, policy).admission
-        ratio = float(rng.choice([a.ratio_min, rng.uniform(0.0, 1.0)]))  # at its floor: the shortcut
-        a.new_token_ratio = b.new_token_ratio = ratio
-        if hasattr(a, "budget"):  # at its cap (3.0): the no-stall shortcut
-            a.budget.phi = b.budget.phi = float(rng.choice([0.25, 2.98, 3.0, rng.uniform(0.25, 3.0)]))
-        k = int(rng.integers(1, 800))
-        steps_s = rng.uniform(1e-4, 0.2, k).tolist()
-        attended = rng.integers(1, 10**6, k).tolist()
-        for step_s, att in zip(steps_s, attended):
-            a.observe(step_s, 0.0, 0.0)
-            a.on_decode_step(att)
-        b.on_decode_run(steps_s, attended)
-        assert a.new_token_ratio == b.new_token_ratio
-        if hasattr(a, "budget"):
-            assert a.budget.phi == b.budget.phi and a.last_attended == b.last_attended
-
-
 def test_next_prefill_event_is_now_until_queued_prefills_compute():
     """A replica behind a router stops its runs at its own remote prefills: now while a prefill it sent may start
     computing now, else the earliest end of those computing (a queued one starts only when one of them ends)."""
@@ -375,7 +339,7 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     falls in, and before a step that ends exactly at it; behind a queued head that cannot join it ends nothing,
     but the run still never ends exactly at an arrival."""
     from sim.serving.arrivals import ArrivalSchedule
-    from sim.serving.decode_run import plan_decode_run
+    from sim.serving.decode_run import next_decode_run
 
     scenario = load_scenario("default", [*SHORT, "policies=sglang"])
     pol = make_policy(scenario, "sglang")
@@ -383,13 +347,13 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     batch.add([Request(i, 0.0, 500 + 100 * i, 200, 1, 500 + 100 * i, device_blocks=40) for i in range(4)])
     kv = KvState(10**6, 2**50, pol.block_size * pol.model.kv_bytes_per_token, 0)
     kv.device.used = int(batch.blocks.sum())
-    free_run = plan_decode_run(pol, batch, kv, deque(), False, 0.0, np.inf)
+    free_run = next_decode_run(pol, batch, kv, deque(), False, 0.0, np.inf)
     times, last = free_run.times_s, free_run.steps  # the steps' ends with no event at all
     assert last > 6
 
     def steps_with(*arrivals_s: float, waiting=()) -> int:
         schedule = ArrivalSchedule(arrivals_s, 0.0)
-        run = plan_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, schedule)
+        run = next_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, schedule)
         np.testing.assert_array_equal(run.times_s, times[: run.steps + 1])  # the same steps, cut
         return run.steps
 

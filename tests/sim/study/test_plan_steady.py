@@ -11,11 +11,10 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import main
-from sim.study.plan import PlanConfig, plan_cell
+from sim.study.plan import PlanConfig, agree_with_single, plan_cell
 from sim.study.slo import TailSlo
 from sim.study.steady import (
     MIN_SAMPLE_REQUESTS,
-    agree_with_single,
     delivered_frac,
     delivered_rate,
     middle_rate,
