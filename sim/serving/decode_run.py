@@ -123,12 +123,8 @@ def next_decode_run(
     if arrival_s < math.inf:  # (+ 1 more: the step the arrival falls in)
         steps = min(steps, int((arrival_s - now_s) / first_s) + 2)
     times = [now_s]
-    # each step's length over the step axis: Σ over the [num_layers, steps] rows adds layer after layer, the
-    # float operations of one step's sum; the clock as run_step advances it: start + (overhead + Σ layers + head)
-    run_layer_s = layer_s[:steps]
-    lengths_s = idle_step_s(overhead_s, np.broadcast_to(run_layer_s, (num_layers, len(run_layer_s))), head_s)
-    for step_s in lengths_s.tolist():
-        end_s = times[-1] + step_s
+    for x in layer_s[:steps].tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
+        end_s = times[-1] + idle_step_s(overhead_s, [x] * num_layers, head_s)
         if end_s >= next_event_s or end_s == arrival_s:
             break
         times.append(end_s)

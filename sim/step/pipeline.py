@@ -67,9 +67,7 @@ _SEG, _LINK_FREE, _LINK_DONE, _CHECK, _BUSY, _GBUSY = range(6)
 
 def idle_step_s(overhead_s, compute_s, head_s):
     """Seconds a decode step that recalls nothing holds the clock: the host overhead, its items' compute back to back
-    (``compute_s``: an iterable of seconds, summed in order) and the LM head. Over a step axis ``compute_s`` is a
-    float64 [items, k] array: the sum adds row after row, each step's items in the order one step adds them, and the
-    result is float64 [k] (sim/serving/decode_run.py times a skip-ahead run this way)."""
+    (``compute_s``: an iterable of seconds, summed in order) and the LM head."""
     return overhead_s + sum(compute_s) + head_s
 
 
