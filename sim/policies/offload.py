@@ -41,7 +41,8 @@ import numpy as np
 
 from sim.config import OffloadPolicy, Scenario
 from sim.policies.base import Policy
-from sim.serving.admission import Admission, AdmissionParams, IoAdaptiveAdmission, IoBoundParams
+from sim.serving.admission import Admission, AdmissionParams, IoBoundParams
+from sim.serving.io_admission import IoAdaptiveAdmission
 from sim.step.cost import StepCost, StepCosts
 from sim.step.draws import RecallDraws, as_draws
 from sim.step.link import LinkModel

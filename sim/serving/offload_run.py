@@ -152,7 +152,7 @@ def preload_kernels() -> None:
     """Load the compiled kernels offloaded runs use (numba's import and its cached machine code, ~0.4 s once per
     process) by calling each on a tiny input, so a simulation that will offload pays it before its event loop
     rather than at its first offloaded step (``Fleet.preload_kernels``). Changes no state of any simulation."""
-    from sim.step.recall import drift_steps
+    from sim.step.drift import drift_steps
 
     one = np.ones((1, 1))
     devices = StepDevices(None)  # no D2H queue, nothing simulated

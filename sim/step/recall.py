@@ -33,7 +33,7 @@ Selection modes:
 
 One definition over a step axis: :meth:`RecallModel.run` computes k steps of a batch whose membership does not
 change as [k, n_offloaded, num_layers] arrays, one vectorised pass (only the drift's AR(1) recurrence, the one
-quantity carried from step to step, is iterated, in :func:`drift_steps_py`, compiled by numba when installed); a single
+quantity carried from step to step, is iterated, in sim/step/drift.py, compiled by numba when installed); a single
 step (:meth:`RecallModel.step`) is a run of one. Each kind of draw has its own stream (sim/step/draws.py), so k
 steps drawn at once give the numbers k single steps give. The draws are peeked; :meth:`RecallRun.commit` consumes
 those of the steps that ran (a skip-ahead that ends early leaves the rest to the steps that follow). The per-step
@@ -48,6 +48,7 @@ import numpy as np
 
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.step.draws import DrawStream, RecallDraws, as_draws
+from sim.step.drift import drift_steps
 from sim.step.link import LinkModel
 
 
@@ -433,39 +434,3 @@ class RecallModel:
         change = self.change_mean * (self.stats.headwise_miss_ratio if self.selection == "headwise" else 1.0)
         fresh = self.heads * self.stats.fresh_block_frac / self.block_size
         return float(k * np.mean(np.minimum(change, 1.0) * (1.0 - self.returning * hit))) + fresh
-
-
-def drift_steps_py(x, left, z, starts, lengths, corr, scale, burst_prob, burst):  # noqa: PLR0913
-    """The recall state's recurrence over k steps, element by element: the drift x ← corr·x + scale·z, a topic
-    shift starting where none runs (uniform < burst_prob) with its geometric length, the steps of shift left
-    counting down. ``x``, ``left``: float64 [n] before the run (overwritten); ``z``, ``starts``, ``lengths``:
-    float64 [k, n] draws. Returns (drift float64 [k, n], left float64 [k, n], shifting bool [k, n]) after each step."""
-    k, n = z.shape
-    drift = np.empty((k, n))
-    lefts = np.empty((k, n))
-    shifting = np.empty((k, n), dtype=np.bool_)
-    for t in range(k):
-        for r in range(n):
-            x[r] = corr * x[r] + scale * z[t, r]
-            if burst and left[r] <= 0 and starts[t, r] < burst_prob:
-                left[r] = lengths[t, r]
-            shifting[t, r] = left[r] > 0
-            left[r] = max(left[r] - 1.0, 0.0)
-            drift[t, r] = x[r]
-            lefts[t, r] = left[r]
-    return drift, lefts, shifting
-
-
-_compiled: list = []  # the compiled drift_steps_py, made at the first call (numba is imported only when runs need it)
-
-
-def drift_steps(*args):
-    """:func:`drift_steps_py`, compiled when numba is installed (the ``fast`` extra), else as it is."""
-    if not _compiled:
-        try:
-            from numba import njit
-
-            _compiled.append(njit(cache=True)(drift_steps_py))
-        except ImportError:  # pragma: no cover - exercised where numba is absent
-            _compiled.append(drift_steps_py)
-    return _compiled[0](*args)

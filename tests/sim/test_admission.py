@@ -14,7 +14,8 @@ from sim.config import load_scenario
 from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving import admission as admission_module
-from sim.serving.admission import PHI_MAX, PHI_MIN, RecallBudget, memory_waits
+from sim.serving.admission import memory_waits
+from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 from tests.sim.oracles import admission as oracle

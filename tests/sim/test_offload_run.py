@@ -23,7 +23,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.replica import Replica
 from sim.step.draws import RecallDraws
-from sim.step.recall import drift_steps, drift_steps_py
+from sim.step.drift import drift_steps, drift_steps_py
 from tests.sim.test_skip_ahead import SHORT, SMALL_POOL, _assert_equal
 
 ALL_OFFLOADED = ["policies=pulseinfer", "policy.pulseinfer.offload_threshold_tokens=16", "workload.max_requests=80"]
