@@ -390,15 +390,20 @@ def _clear(old: Path, out: Path, claims: Claims) -> None:
 
 @contextmanager
 def _no_interrupt() -> Iterator[None]:
-    """Block Ctrl-C, SIGTERM and SIGHUP for the renames (an exception between them would leave no ``out``, a
-    ``.NAME.old-XXXX`` folder, or entries of the user's in a staging folder that is then removed); the kernel keeps
-    a signal sent meanwhile pending and delivers it when the block ends, so the usual handler (KeyboardInterrupt,
-    the CLI's Terminated or HungUp) runs then."""
+    """Hold Ctrl-C, SIGTERM and SIGHUP for the renames (an exception between them would leave no ``out``, a
+    ``.NAME.old-XXXX`` folder, or entries of the user's in a staging folder that is then removed): a signal caught
+    meanwhile is raised again when the block ends, so the usual handler (KeyboardInterrupt, the CLI's Terminated or
+    HungUp) runs then. Handlers are swapped rather than the signals blocked: a process-directed signal reaches
+    any thread that does not block it, and a library's thread (tqdm's monitor, numba's) would let it through."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED)
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in DEFERRED}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFERRED)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    for sig in caught[:1]:
+        signal.raise_signal(sig)
