@@ -36,10 +36,8 @@ from __future__ import annotations
 import filecmp
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,7 +56,6 @@ from pulseinfer.marker import (
 )
 
 __all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command"]
-DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # held during the renames (_no_interrupt)
 FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
 
 
@@ -195,7 +192,9 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
         yield stage
         claims |= _settle_copies(out, stage, copied)
         write_marker(stage, command, written_claims(stage))
-        with _no_interrupt():
+        from sim.study.executors import signals_held  # the one hold of SIGINT/SIGTERM/SIGHUP; sim is loaded by now
+
+        with signals_held():  # an exception between the renames would leave no out, or a .NAME.old-XXXX folder
             _replace(stage, out, claims, flag)
     except BaseException as exc:
         if stage is not None and not isinstance(exc, StageKept):  # never delete the user's entries put there
@@ -386,24 +385,3 @@ def _clear(old: Path, out: Path, claims: Claims) -> None:
     shutil.rmtree(old, ignore_errors=True)
     if os.path.lexists(old):
         print(f"note: could not remove {old}, the previous {out}; remove it by hand", file=sys.stderr)
-
-
-@contextmanager
-def _no_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP for the renames (an exception between them would leave no ``out``, a
-    ``.NAME.old-XXXX`` folder, or entries of the user's in a staging folder that is then removed): a signal caught
-    meanwhile is raised again when the block ends, so the usual handler (KeyboardInterrupt, the CLI's Terminated or
-    HungUp) runs then. Handlers are swapped rather than the signals blocked: a process-directed signal reaches
-    any thread that does not block it, and a library's thread (tqdm's monitor, numba's) would let it through."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in DEFERRED}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    for sig in caught[:1]:
-        signal.raise_signal(sig)

@@ -345,12 +345,12 @@ def test_a_signal_during_the_renames_is_delivered_after_them():
     import os
     import signal
 
-    from pulseinfer.outdir import _no_interrupt
+    from sim.study.executors import signals_held
 
     delivered: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: delivered.append("handler"))
     try:
-        with _no_interrupt():
+        with signals_held():
             os.kill(os.getpid(), signal.SIGTERM)
             delivered.append("end of block")  # the block runs to its end: the signal waits
         delivered.append("after")

@@ -101,6 +101,9 @@ class Policy:
             (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
             :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
         """
+        if steps == 1:  # one step (a dense step_cost): the compute model's scalar form, cheaper than numpy's
+            attended = int(ctx.sum())
+            return np.array([attended]), np.array([self.compute.decode_layer_s(len(ctx), attended)])
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
         return attended, self.compute.decode_layer_s(len(ctx), attended)
 

@@ -259,7 +259,7 @@ class OffloadServing(Policy):
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), item_copy, costs.lookahead_items)
             parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=-1)  # float64 [k, L·G, 4]
             f = self.correction_frac
-            costs.plan = ((1 - f) * parts, f * parts)
+            costs.jobs = ((1 - f) * parts, f * parts)
         return costs
 
     def runs_offloaded(self) -> bool:

@@ -1,28 +1,19 @@
 """Admission: which queued requests join the running batch, dense or offloaded (SGLang ``PrefillAdder`` rules,
-plus docs/design.md mechanism 4, IO-adaptive offloading admission, as we read it).
+plus docs/design.md §5 mechanism 4, IO-adaptive offloading admission, as we read it; the rules: docs/design.md §10).
 
-Admission takes plain parameters from the policy (:class:`AdmissionParams`: knobs and block accounting; it imports
-nothing from sim/policies). The replica asks it, at each scheduler iteration, to walk the waiting queue
-(:meth:`Admission.select`) and reports each decode step (:meth:`Admission.on_decode_run`; a single step is a run of
-one) and preemption. Each rule is one predicate over plain numbers, asked about the decision now (``select``) or
-about the next m decisions at once (the skip-ahead run's bound, :meth:`Admission.quiet_decisions`). Rules:
+Admission takes plain parameters from the policy (:class:`AdmissionParams`; it imports nothing from sim/policies).
+The replica asks it, at each scheduler iteration, to walk the waiting queue (:meth:`Admission.select`) and reports
+each decode step (:meth:`Admission.on_decode_run`; a single step is a run of one) and preemption. Each rule is one
+predicate over plain numbers, asked about the decision now (``select``) or about the next m decisions at once (the
+skip-ahead run's bound, :meth:`Admission.quiet_decisions`). Rules:
 
-* :class:`Admission` (``admission: static``, and every dense policy): FCFS; a request joins if its device
-  blocks plus a reservation for the future tokens of every running request fit in the free pool
-  (:func:`memory_waits`; remaining output clipped at ``clip_max_new_tokens`` × ``new_token_ratio``; the ratio
-  decays linearly from ``new_token_ratio_init`` to ``new_token_ratio_min`` over ``new_token_ratio_decay_steps``
-  decode steps and is reset by a preemption, as SGLang's scheduler does, docs/sources.md); an offloaded request
-  also needs host DRAM for its whole KV and a free offloaded slot (``max_offloaded_requests``). The walk stops at
-  the first request that must wait.
+* :class:`Admission` (``admission: static``, and every dense policy): FCFS memory rule, :func:`memory_waits`
+  (future-token reservation with the decaying ``new_token_ratio``, as SGLang's scheduler, docs/sources.md; host
+  DRAM and ``max_offloaded_requests`` for offloaded requests). The walk stops at the first request that must wait.
 * SGLang's disaggregated decode budget (``decode_scheduler: sglang_pd``): sim/serving/decode_admission.py.
-* :class:`~sim.serving.io_admission.IoAdaptiveAdmission` (``admission: io_adaptive``, in
-  sim/serving/io_admission.py): additionally lets an offloaded request join only
-  while (1) the predicted per-layer recall of the next step stays within φ × the predicted per-layer compute
-  (``RecallBudget``, φ adapted by AIMD on the measured stall) and (2) with a shared recall cache, the
-  offloaded requests' working sets fit in what the cache holds after it joins (else the batch would thrash the
-  cache, SparseServe's over-admission collapse); a request held back runs dense instead if the pool keeps
-  ``dense_headroom_frac`` free after it and the next step stays within the TPOT SLO, else it waits and lets up to
-  ``BYPASS_SCAN`` requests behind it try.
+* :class:`~sim.serving.io_admission.IoAdaptiveAdmission` (``admission: io_adaptive``): the recall budget φ
+  (``RecallBudget``, AIMD on the measured stall), the shared recall cache's room (else SparseServe's
+  over-admission collapse), the dense fallback and the ``BYPASS_SCAN`` look past a held-back head.
 
 Model assumption: admission only gates who joins; running requests are never evicted when φ shrinks.
 """

@@ -1,10 +1,8 @@
-"""N replicas of one policy behind a router, in one SimPy environment.
+"""N replicas of one policy behind a router, in one SimPy environment (seeding and the shared run loop:
+sim/serving/fleet.py, so a one-replica cluster *is* the single-replica simulation).
 
-Flow: the router process walks the workload in arrival order; at each arrival it picks a replica,
-attaches a ``done`` event to the request and calls :meth:`Replica.submit`; after the last arrival it
-closes every replica. Each replica runs its own scheduler loop (:meth:`Replica.run`), pool, link and
-seeded generator, exactly as in a single-replica run, so a one-replica cluster *is* the single-replica
-simulation (replica 0 uses the same generator seed as :func:`sim.run.simulate_policy`; sim/serving/fleet.py).
+The router process walks the workload in arrival order; at each arrival it picks a replica, attaches a ``done``
+event to the request and calls :meth:`Replica.submit`; after the last arrival it closes every replica.
 
 Routers (``ROUTERS``):
 

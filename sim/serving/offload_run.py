@@ -1,20 +1,12 @@
 """Skip-ahead runs of decode steps that recall: the next steps of a batch holding offloaded requests, timed one after
-another in one pass.
+another in one pass (docs/design.md §13, "Skip-ahead over offloaded steps").
 
-A batch holding offloaded requests recalls at every step, and each step's recall is random, so no two steps cost
-the same; but between two events of other processes its steps still repeat one decision. :func:`next_offloaded_run`
-computes the next k such steps' costs at once (``OffloadServing.step_costs``, sim/policies/offload.py, the same
-definition a single step's cost is the k = 1 case of), then times them in order with the function that times a single
-step (``StepDevices.time_steps``, sim/step/pipeline.py, compiled: D2H queue, slowdown and interruptible or sequential
-layer pipeline), carrying the link's state from step to step, and stops before the first step that would end at or
-after the next event (or that the timeline records). Nothing is changed until the replica applies the run
-(``SkipAhead._offloaded_run``, sim/serving/skip_ahead.py): the draws of steps that did not fit stay in their streams
-for the steps that follow. A run also ends where a skip-ahead run of steps that recall nothing does
-(sim/serving/decode_run.py): at a step whose blocks do not fit, a request's last token, or a decision at which a
-queued request would join.
-
-Needs the compiled kernels (numba; otherwise every step is stepped) and a policy that
-:meth:`~sim.policies.offload.OffloadServing.runs_offloaded` covers (:func:`offload_runs_possible`).
+:func:`next_offloaded_run` computes the next k steps' costs at once (``OffloadServing.step_costs``), times them with
+the function that times a single step (``StepDevices.time_steps``), carrying the link's state from step to step, and
+stops before the first step that would end at or after the next event (or that the timeline records), or where a
+recall-free run (sim/serving/decode_run.py) would stop. Nothing changes until the replica applies the run
+(``SkipAhead._offloaded_run``): undrawn steps' draws stay in their streams. Needs the compiled kernels (numba) and a
+policy that :meth:`~sim.policies.offload.OffloadServing.runs_offloaded` covers (:func:`offload_runs_possible`).
 """
 
 from __future__ import annotations
@@ -125,7 +117,7 @@ def next_offloaded_run(
     bound_s = next_event_s
     while True:
         timed = devices.time_steps(
-            now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.plan, costs.lookahead_items,
+            now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.jobs, costs.lookahead_items,
             costs.chunk_bytes, costs.sequential, bound_s, stop_recall,
         )  # fmt: skip
         j, times = timed.steps, timed.times_s

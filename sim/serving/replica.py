@@ -20,7 +20,8 @@ the decode GPU, and admission moves it straight into the decode batch with no fo
 preempted request goes back through remote prefill. ``serving.prefill: none`` is the same path with
 prefill costing no time (requests arrive with their KV cached; used to validate against the engine).
 
-Recording (sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) happen after each forward or run;
+Prefill (both modes) is the :class:`~sim.serving.prefill.Prefill` mixin (sim/serving/prefill.py). Recording
+(sim/metrics/recorder.py) and invariant checks (``run.debug_checks``) happen after each forward or run;
 the replica itself only schedules. Token bookkeeping is in sim/serving/request.py.
 
 Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
@@ -46,7 +47,8 @@ from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.kv import KvState, device_pool_blocks
 from sim.serving.offload_run import offload_runs_possible
-from sim.serving.prefix import PrefixCache, reload_forward_s
+from sim.serving.prefill import Prefill
+from sim.serving.prefix import PrefixCache
 from sim.serving.request import DecodeBatch, Request
 from sim.serving.skip_ahead import SkipAhead
 from sim.step.draws import RecallDraws
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
     from sim.policies.base import Policy
 
 
-class Replica(SkipAhead):
+class Replica(Prefill, SkipAhead):
     """One GPU replica serving requests with one policy.
 
     Args:
@@ -168,16 +170,6 @@ class Replica(SkipAhead):
         self.closed = True
         self._wake()
 
-    def _to_prefill(self, req: Request) -> None:
-        """Send a new or preempted request to prefill: free, remote, or this GPU's queue (at the back)."""
-        if self.prefill_free:
-            self._prefilled(req)
-        elif self.disaggregated:
-            self.prefills_queued += 1
-            self.env.process(self._remote_prefill(req))
-        else:
-            self._enqueue(req)
-
     def _wake(self) -> None:
         if not self.wake.triggered:
             self.wake.succeed()
@@ -214,110 +206,6 @@ class Replica(SkipAhead):
                 yield req
             else:
                 self._reject(req, verdict)
-
-    # ---- disaggregated prefill -------------------------------------------------------------------
-    def _remote_prefill(self, req: Request) -> Generator[simpy.Event, object, None]:
-        """Prefill on a remote GPU (FIFO pool), then queue for the decode GPU."""
-        target = req.prompt_tokens + req.generated
-        with self.prefill_gpus.request() as gpu:
-            yield gpu
-            self.prefills_queued -= 1
-            duration_s = self.policy.compute.prefill_s([(target, 0)], 1)
-            end_s = self.env.now + duration_s  # where SimPy schedules the timeout
-            self.prefill_ends_s.append(end_s)
-            yield self.env.timeout(duration_s)
-            self.prefill_ends_s.remove(end_s)
-        self._prefilled(req)
-
-    def next_prefill_event_s(self) -> float:
-        """The next time a remote prefill of this replica can feed its queue (skip-ahead behind a router): now while
-        one that has not started computing may start now (a prefill GPU is free, or was granted to a process that
-        has not resumed yet), else the earliest end of those computing (inf if none): a queued prefill starts only
-        when one of them ends."""
-        gpus = self.prefill_gpus
-        if self.prefills_queued and (gpus.count < gpus.capacity or gpus.count > len(self.prefill_ends_s)):
-            return self.env.now
-        return min(self.prefill_ends_s, default=math.inf)
-
-    def _prefilled(self, req: Request) -> None:
-        """A remote (or, with ``prefill: none``, free and immediate) prefill finished: first token, then queue."""
-        req.generated = min(req.generated + 1, req.output_tokens)
-        if math.isnan(req.first_token_s) and req.output_tokens > 0:
-            req.first_token_s = self.env.now
-        if req.generated >= req.output_tokens:
-            self._finish(req)
-            self._wake()
-        else:
-            self._enqueue(req)
-
-    def _admit_prefilled(self) -> list[Request]:
-        """Move prefilled requests from the queue into the decode batch while their KV fits (FCFS)."""
-        admitted: list[Request] = []
-        if not self.waiting:
-            return admitted
-        for req in self._admitted(len(self.batch), lambda: True):
-            req.prefilled = req.prefill_target
-            if req.swapped:  # load its KV back from host (SGLang decode resume_retracted_reqs → load_kv_cache)
-                self.swap_s += req.prefill_target * self.policy.model.kv_bytes_per_token / self.h2d_bps
-                req.swapped = False
-            if math.isnan(req.decode_admit_s):  # the client's first token streams from here (PD)
-                req.decode_admit_s = self.env.now
-            admitted.append(req)
-        return admitted
-
-    # ---- colocated prefill -----------------------------------------------------------------------
-    def _build_prefill(self) -> list[tuple[Request, int]]:
-        """The next prefill forward: ``(request, new tokens)`` chunks within ``chunked_prefill_tokens``."""
-        budget = self.policy.params.chunked_prefill_tokens
-        chunks: list[tuple[Request, int]] = []
-        if self.chunked is not None:
-            req = self.chunked
-            take = min(req.prefill_target - req.prefilled, budget)
-            chunks.append((req, take))
-            budget -= take
-            if req.prefilled + take < req.prefill_target:
-                return chunks
-            self.chunked = None
-        if not self.waiting or budget <= 0:
-            return chunks
-        for req in self._admitted(len(self.batch) + len(chunks), lambda: budget > 0):  # noqa: B023
-            take = min(req.prefill_target - req.prefilled, budget)  # prefilled: prefix-cache hit tokens
-            chunks.append((req, take))
-            budget -= take
-            if req.prefilled + take < req.prefill_target:
-                self.chunked = req
-                break
-        return chunks
-
-    def _prefill(self, chunks: list[tuple[Request, int]]) -> Generator[simpy.Event, object, None]:
-        start = self.env.now
-        done = [r for r, take in chunks if r.prefilled + take >= r.prefill_target]
-        duration = self.policy.compute.prefill_s([(take, r.prefilled) for r, take in chunks], len(done))
-        reload_tokens = sum(r.reload_tokens for r, _ in chunks)
-        if reload_tokens:  # HiCache: host-tier prefix KV loads back layer-wise during this forward
-            load_s = reload_tokens * self.policy.model.kv_bytes_per_token / self.h2d_bps
-            duration = reload_forward_s(duration, load_s, self.policy.model.num_layers)
-            for r, _ in chunks:
-                r.reload_tokens = 0
-        yield from self.devices.run_forward(duration)
-        for r, take in chunks:
-            r.prefilled += take
-        self._write_offloaded_prompts(chunks)
-        now = self.env.now
-        joining = []
-        for r in done:
-            r.generated = min(r.generated + 1, r.output_tokens)
-            if math.isnan(r.first_token_s) and r.output_tokens > 0:
-                r.first_token_s = now
-            if r.generated >= r.output_tokens:
-                self._finish(r)
-            else:
-                joining.append(r)
-                if math.isnan(r.decode_admit_s):
-                    r.decode_admit_s = now
-        self.batch.add(joining)
-        tokens = sum(take for _, take in chunks)
-        self._record_prefill(start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens)
 
     # ---- decode ----------------------------------------------------------------------------------
     def _decode_step(self) -> Generator[simpy.Event, object, None]:
@@ -400,13 +288,6 @@ class Replica(SkipAhead):
             for r in b.remove(finished):
                 self._finish(r)
 
-    def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
-        """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it
-        must reach host DRAM (model assumption: written after the forward, not layer by layer during it).
-        A preempted request's KV is released and recomputed, so preemption writes nothing."""
-        tokens = sum(take for r, take in chunks if r.offloaded)
-        self.devices.queue_d2h(self.env.now, tokens * self.scenario.model.kv_bytes_per_token)
-
     def _grow_or_preempt(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Allocate the blocks the next decode step needs, preempting requests while the pool is short (unreferenced
         prefix-cache nodes are evicted before anyone is preempted); returns the step's block growth
@@ -461,15 +342,6 @@ class Replica(SkipAhead):
         self.on_finish(req)
         if req.done is not None:
             req.done.succeed(req)
-
-    def _record_prefill(self, start_s: float, batch_size: int, num_offloaded: int, prefill_tokens: int) -> None:
-        kv = self.kv
-        hbm = kv.hbm_used_bytes
-        if self.debug:
-            self._check_invariants(hbm)
-        self.rec.d2h_busy_s, self.rec.d2h_free_s = self.devices.d2h_busy_s, self.devices.d2h_free_s
-        state = (kv.device.used, hbm, kv.host.used)
-        self.rec.record_prefill(start_s, self.env.now, batch_size, num_offloaded, prefill_tokens, state)
 
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""

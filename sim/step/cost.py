@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class InterruptPlan:
+class InterruptJobs:
     """Recall jobs of an interruptibly scheduled step, per GPU work item (sim/step/pipeline.py)."""
 
     prefetch: np.ndarray  # float64 [items, 4]: bytes, link-held seconds, copy seconds, gather seconds per item
@@ -36,7 +36,7 @@ class StepCost:
     attended_tokens: int  # KV tokens read per layer, summed over the batch
     layer_bytes: np.ndarray | None = None  # int64 [num_layers] recall bytes per layer
     layer_fragments: np.ndarray | None = None  # int64 [num_layers]
-    interrupt: InterruptPlan | None = None  # set when the step is scheduled interruptibly
+    interrupt: InterruptJobs | None = None  # set when the step is scheduled interruptibly
     selected_fragments: int = 0  # fragments the recall selected (recalled / selected = the step's miss fraction)
     d2h_bytes: int = 0  # offload writes (eager per-token backups) queued on the D2H link at step start
 
@@ -62,8 +62,8 @@ class StepCosts:
     lookahead_items: int
     chunk_bytes: int
     recall: RecallRun | None  # None: no offloaded request (nothing drawn)
-    # interruptible scheduling: (prefetch, correction) jobs, float64 [k, L·G, 4] each (InterruptPlan's columns)
-    plan: tuple[np.ndarray, np.ndarray] | None = None
+    # interruptible scheduling: (prefetch, correction) jobs, float64 [k, L·G, 4] each (InterruptJobs's columns)
+    jobs: tuple[np.ndarray, np.ndarray] | None = None
     # sequential scheduling: (link seconds, host gather seconds) of group 0, float64 [k, L] each (gather zeros
     # unless ``host_gather``)
     sequential: tuple[np.ndarray, np.ndarray] | None = None
@@ -106,8 +106,8 @@ class StepCosts:
         cost.recall_bytes, cost.num_fragments = int(self.recall_bytes[t]), int(self.num_fragments[t])
         cost.num_transfers = int(self.num_transfers[t])
         cost.layer_bytes, cost.layer_fragments = self.layer_bytes[t], self.layer_fragments[t]
-        if self.plan is not None:
-            cost.interrupt = InterruptPlan(self.plan[0][t], self.plan[1][t], self.lookahead_items, self.chunk_bytes)
+        if self.jobs is not None:
+            cost.interrupt = InterruptJobs(self.jobs[0][t], self.jobs[1][t], self.lookahead_items, self.chunk_bytes)
         elif self.sequential is not None:
             cost.recall_s = self.sequential[0][t].tolist()
             cost.gather_s = self.sequential[1][t].tolist() if self.host_gather else None

@@ -1,16 +1,10 @@
 """The recall model's random draws: one buffered stream per kind of draw, each from its own generator.
 
-Why streams: a decode step draws several kinds of numbers (the change of each (request, layer), the stochastic
-rounding of the misses, the drift of each request, the blocks that just left the recent window). Drawn from one
-shared generator their order interleaves step by step, so k steps cannot be drawn at once without changing the
-numbers. With one generator per kind, the values a kind yields depend only on how many were taken before, never
-on how they were grouped: ``take(a)`` then ``take(b)`` equals ``take(a + b)`` (numpy's ``Generator`` fills its
-output element by element from its bit stream, with no state carried between elements beyond that stream;
-tests/sim/test_draws.py checks each kind). So the recall model draws k steps at once (``RecallModel.run``,
-sim/step/recall.py) and a single step, a run of one, sees the numbers it would see within a longer run.
-
-``peek`` reads ahead without consuming, so a skip-ahead run that ends up shorter than computed (a step overran the next
-event) hands the unused draws to the steps that follow.
+Why (docs/design.md §13): with one generator per kind, the values a kind yields depend only on how many were taken
+before, never on how they were grouped — ``take(a)`` then ``take(b)`` equals ``take(a + b)``, as numpy's
+``Generator`` fills its output element by element (tests/sim/test_draws.py checks each kind) — so the recall model
+draws k steps at once (``RecallModel.run``) and a single step sees the numbers it would see within a longer run.
+``peek`` reads ahead without consuming, so a skip-ahead run that ends early hands the unused draws on.
 """
 
 from __future__ import annotations

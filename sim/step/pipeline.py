@@ -9,46 +9,29 @@
     copy l     starts at  max(gather l end, link free)     — one H2D DMA queue per GPU, FIFO
     compute l  starts at  max(compute l-1 end, copy l end) — stall = the wait on the recall
 
-Model assumption (docs/design.md, mechanism 3, first version): selection for layer l+1 is known when layer l starts
-(speculated from layer l's input), so layer l+1's recall overlaps layer l's compute; layer 0's recall cannot start
-before the step does.
+Model assumption (docs/design.md §5, mechanism 3): selection for layer l+1 is known when layer l starts, so layer
+l+1's recall overlaps layer l's compute; layer 0's recall cannot start before the step does.
 
-**Interruptible pipeline** (docs/design.md mechanism 3, our reading). The step is a sequence of GPU work items
-(layer l of micro-batch g, in the order the GPU runs them: (g0,l0), (g1,l0), (g0,l1), ...). Item i needs its recall
-before it computes:
+**Interruptible pipeline** (docs/design.md §5, mechanism 3, which defines the work items, the prefetch and urgent
+correction jobs, ranks and chunk-boundary pre-emption; Model assumption: ``late_correction_frac × (d − 1)`` of a
+selection d layers ahead is wrong). Work items run in the order (g0,l0), (g1,l0), (g0,l1), ...; K =
+lookahead_layers × micro_batches. When a job is released at the very instant the link picks its next job, the link
+has already picked (FIFO at ties); the new job then takes over at the first chunk boundary. A gather-scatter job
+streams (sim/step/link.py ``LinkModel.streamed_s``): it holds the link for its whole service time, but only its copy
+share counts as link busy time and its gather share as host-gather busy time (a pre-empted job's busy time is split
+in the same proportions). The event loop has three timers (GPU end, link done, pre-emption check) and a binary heap
+of ready jobs keyed by rank: the urgent correction of item i has key i, the prefetch of item i key n + i.
 
-* a **prefetch** job (the blocks a speculative selection knows early) released when item i − K starts computing
-  (K = look-ahead in items = lookahead_layers × micro_batches; at step start for i < K);
-* a **correction** job (blocks the early selection got wrong, fetched once the true selection is known) released
-  when item i − 1 finishes, i.e. when item i is about to compute. It is **urgent**.
+**Steps in order** (:func:`time_steps`; docs/design.md §13). Each step starts where the previous one ended, from the
+link's queue the previous step left: D2H queue (:func:`fifo_end_s`), H2D slowdown (:func:`h2d_slowdown`,
+:func:`stretch`), one of the two pipelines from ``start + overhead``, and the clock advanced by ``end + head −
+start`` as a SimPy timeout of that delay does (:func:`idle_step_s` for a step that recalls nothing). It stops before
+the first step that ends at or after the next event, or that would be the ``stop_recall``-th step that recalls.
 
-The H2D link serves one job at a time in chunks of ``chunk_bytes``. Jobs are ranked (urgent first, then the earliest
-item); a job released with a better rank than the one in service takes the link at the next chunk boundary of the
-job in service (pre-emption), which resumes later. Without pre-emption (the sequential pipeline) a whole layer's copy
-runs to completion, FIFO. When a job is released at the very instant the link picks its next job, the link has
-already picked (FIFO at ties); the new job then takes over at the first chunk boundary. Model assumptions
-(sim/config/policy.py ``OffloadPolicy``): the selection for a layer d layers ahead is known when the current layer
-starts, and a fraction ``late_correction_frac × (d − 1)`` (capped at 1) of its blocks is wrong and must be fetched as
-the urgent correction; with d = 1 the speculative selection is exact, as in the sequential pipeline. A gather-scatter
-job streams (sim/step/link.py ``LinkModel.streamed_s``): it holds the link for its whole service time, but only its
-copy share counts as link busy time and its gather share as host-gather busy time (a pre-empted job's busy time is
-split in the same proportions). The event loop has three timers (GPU end, link done, pre-emption check) and a binary
-heap of ready jobs keyed by rank: the urgent correction of item i has key i, the prefetch of item i key n + i.
-
-**Steps in order** (:func:`time_steps`). Each step starts where the previous one ended, from the link's queue the
-previous step left: its offload writes join the D2H queue (:func:`fifo_end_s`), its H2D copies stretch by the D2H
-slowdown (:func:`h2d_slowdown`, :func:`stretch`), one of the two pipelines runs from
-``start + overhead``, and the clock advances by ``end + head − start`` as a SimPy timeout of that delay does; a step
-that recalls nothing advances it by :func:`idle_step_s`. A single decode step (sim/step/timing.py ``run_step``) is a
-run of one; skip-ahead (sim/serving/offload_run.py) times k steps at once and stops before the first step that ends
-at or after the next event of another process, or that would be the ``stop_recall``-th step that recalls.
-
-**Compiled.** The functions below are plain Python. :func:`compiled_time_steps` compiles copies of them with numba
-(installed with the ``fast`` extra; cached on disk, so only the first run on a machine compiles), which call each
-other's compiled copies; ``run.kernels: python`` runs them as they are. Every compiled function lives in this file:
-numba's cache notices a change to the file of a cached function, not to the files of the functions it calls.
-Per-step reference implementations of both pipelines live in tests/sim/oracles/step_timing.py and are tested equal
-to these (tests/sim/test_kernels.py).
+**Compiled.** The functions below are plain Python; :func:`compiled_time_steps` compiles copies of them with numba
+(the ``fast`` extra; cached on disk), and ``run.kernels: python`` runs them as they are. Every compiled function
+lives in this file: numba's cache notices a change to the file of a cached function, not to the files of the
+functions it calls. Oracles: tests/sim/oracles/step_timing.py (tests/sim/test_kernels.py).
 """
 
 from __future__ import annotations
@@ -239,7 +222,7 @@ def _interruptible(t0, compute, prefetch, correction, lookahead, chunk_bytes, li
     ``stalls`` [n]. Returns (end of the last compute, stall, link busy, link free, gather busy, interval rows).
 
     Raises:
-        RuntimeError: an item waits for a recall never released (a malformed plan).
+        RuntimeError: an item waits for a recall never released (malformed jobs).
     """
     n = compute.shape[0]
     missing = np.zeros(n, dtype=np.int64)

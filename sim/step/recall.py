@@ -20,24 +20,15 @@ block ids. ``fresh`` is the block that just left the recent window when a layer 
 it is one of the k selected, so a cell never recalls more than k. The first step after (re)admission is cold:
 q = 1. A fixed ``miss_frac`` in the policy replaces c · (1 − ρ h) (for tests and what-ifs).
 
-Selection modes:
+Selection modes (docs/design.md §7): ``solohead`` — one set per (r, l), a fragment is one block with every KV
+head; ``headwise`` — each of the H KV heads selects k blocks, sharing the (r, l, t) change draw (Model assumption),
+so H·k·q fragments of block_size × head_dim × 2 × dtype bytes move (SoloHead's bytes, H times the fragments);
+``all`` — FlexGen-like: every offloaded block, every step, no buffer, one contiguous fragment per (r, l).
 
-* ``solohead`` — one set per (r, l); a fragment is one block with every KV head
-  (block_size × kv_bytes_per_token_per_layer bytes).
-* ``headwise`` — each of the H KV heads selects k blocks of its own; heads share the (r, l, t) change
-  draw (Model assumption), so H·k·q head-blocks move, each its own fragment of
-  block_size × head_dim × 2 × dtype bytes. The bytes equal SoloHead's at the same q; the fragments are
-  H times as many, and small.
-* ``all`` — FlexGen-like: every offloaded block, every step, no buffer; one contiguous fragment per
-  (r, l) of n blocks.
-
-One definition over a step axis: :meth:`RecallModel.run` computes k steps of a batch whose membership does not
-change as [k, n_offloaded, num_layers] arrays, one vectorised pass (only the drift's AR(1) recurrence, the one
-quantity carried from step to step, is iterated, in sim/step/drift.py, compiled by numba when installed); a single
-step (:meth:`RecallModel.step`) is a run of one. Each kind of draw has its own stream (sim/step/draws.py), so k
-steps drawn at once give the numbers k single steps give. The draws are peeked; :meth:`RecallRun.commit` consumes
-those of the steps that ran (a skip-ahead that ends early leaves the rest to the steps that follow). The per-step
-reference this replaced is the test oracle tests/sim/oracles/recall.py (tests/sim/test_recall_oracle.py).
+One definition over a step axis (docs/design.md §13): :meth:`RecallModel.run` computes k steps as
+[k, n_offloaded, num_layers] arrays in one pass (only the drift's AR(1) recurrence is iterated, sim/step/drift.py);
+:meth:`RecallModel.step` is a run of one. Draws come from one stream per kind (sim/step/draws.py) and are peeked;
+:meth:`RecallRun.commit` consumes those of the steps that ran. Oracle: tests/sim/oracles/recall.py.
 """
 
 from __future__ import annotations
@@ -179,11 +170,8 @@ class RecallModel:
 
     # ---- buffer and cache hits ---------------------------------------------------------------------
     def buffer_hit(self, selected: np.ndarray) -> np.ndarray:
-        """Per-request recall buffer: fraction of returning blocks still buffered, float [..., n, L] for int [..., n].
-
-        A returning block left the selection j steps ago (j uniform in 1..w); the LRU buffer of B blocks still
-        holds it when k + j·(W − k)/w ≤ B, hence h = clip((B − k) / (W − k), 0, 1) with W − k = k · growth.
-        """
+        """Per-request recall buffer: fraction of returning blocks still buffered, float [..., n, L] for int [..., n]
+        (h of the module docstring, with W − k = k · growth)."""
         k = np.maximum(selected, 1)[..., None].astype(float)
         return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
 

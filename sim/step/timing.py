@@ -1,22 +1,15 @@
 """Decode steps on the simulation clock: from what steps cost to elapsed time, through the replica's devices.
 
-One function times steps, :func:`sim.step.pipeline.time_steps`, for one step or k: :meth:`StepDevices.time_steps`
-hands it the devices' queues, and :func:`run_step` is a step that recalls as a run of one, on SimPy's clock. Which
-pipeline times a recalling step follows from the cost (the policy's choice), not from the scheduler: the
-interruptible layer-wise schedule when ``cost.interrupt`` is set, else the sequential pipeline with one-layer
-look-ahead (sim/step/pipeline.py). A step that recalls nothing takes overhead + Σ compute + head
-(:func:`~sim.step.pipeline.idle_step_s`, which the pipeline's k-step loop also uses); it never loads numba, so dense
-runs do not either.
+:meth:`StepDevices.time_steps` hands :func:`sim.step.pipeline.time_steps` the devices' queues; :func:`run_step` is
+a step that recalls as a run of one, on SimPy's clock. The pipeline follows from the cost (``cost.interrupt``:
+interruptible, else sequential). A step that recalls nothing takes overhead + Σ compute + head
+(:func:`~sim.step.pipeline.idle_step_s`) and never loads numba. The link's queued H2D work (``link_free_s``) carries
+over between steps.
 
-The link's state carries over between steps (``link_free_s``: queued H2D work a step leaves behind).
-
-D2H (offload writes): copy engines are per direction (docs/sources.md §3.2), so each GPU has a D2H queue beside the
-H2D link. It carries the eager per-token backups of offloaded requests (queued at each decode step's start,
-``StepCost.d2h_bytes``) and the prompt KV of requests that run offloaded after a colocated prefill (queued when their
-prefill forward ends, :meth:`StepDevices.queue_d2h`). While it is busy, H2D copies slow down by the card's
-``d2h_coupling``: a step whose first ``b`` seconds (of an estimated ``Σ compute``) overlap queued D2H work runs its
-H2D times ``1 / (1 − coupling · min(1, b / Σ compute))`` longer (sim/step/pipeline.py ``h2d_slowdown``). For a
-streamed gather-scatter job only its copy share stretches.
+D2H (docs/design.md §8; copy engines are per direction, docs/sources.md §3.2): one D2H queue per GPU carries the
+eager per-token backups (``StepCost.d2h_bytes``, queued at each decode step's start) and the prompt KV of requests
+offloaded after a colocated prefill (:meth:`StepDevices.queue_d2h`); while it is busy H2D copies slow down by the
+card's ``d2h_coupling`` (sim/step/pipeline.py ``h2d_slowdown``; a streamed job's copy share only).
 """
 
 from __future__ import annotations
@@ -107,7 +100,7 @@ class StepDevices:
         overhead_s: float,
         head_s: float,
         d2h_bytes: float,
-        plan: tuple[np.ndarray, np.ndarray] | None = None,
+        jobs: tuple[np.ndarray, np.ndarray] | None = None,
         lookahead_items: int = 1,
         chunk_bytes: float = 1.0,
         sequential: tuple[np.ndarray, np.ndarray] | None = None,
@@ -123,7 +116,7 @@ class StepDevices:
             has_recall: bool [k] the step recalls (timed by the pipeline; else as compute only).
             overhead_s: host overhead before layer 0; head_s: LM head and sampling; d2h_bytes: offload writes each
                 step queues at its start.
-            plan: (prefetch, correction) jobs, float64 [k, items, 4] each (``InterruptPlan``'s columns): the
+            jobs: (prefetch, correction) jobs, float64 [k, items, 4] each (``InterruptJobs``'s columns): the
                 interruptible pipeline, with ``lookahead_items`` and ``chunk_bytes``.
             sequential: (link seconds, host gather seconds), float64 [k, layers] each: the sequential pipeline.
             next_event_s: stop before the first step that would end at or after it.
@@ -131,17 +124,17 @@ class StepDevices:
             record: keep the steps' intervals (``StepsTiming.intervals``).
 
         Raises:
-            ValueError: both ``plan`` and ``sequential`` given.
-            RuntimeError: an interruptible item waits for a recall never released (a malformed plan).
+            ValueError: both ``jobs`` and ``sequential`` given.
+            RuntimeError: an interruptible item waits for a recall never released (malformed jobs).
         """
-        if plan is not None and sequential is not None:
-            raise ValueError("time_steps takes an interruptible plan or the sequential pipeline's times, not both")
+        if jobs is not None and sequential is not None:
+            raise ValueError("time_steps takes interruptible jobs or the sequential pipeline's times, not both")
         compute = np.ascontiguousarray(compute_s, dtype=np.float64)
-        prefetch, correction = (np.ascontiguousarray(p, dtype=np.float64) for p in plan) if plan else (NO_JOBS,) * 2
+        prefetch, correction = (np.ascontiguousarray(p, dtype=np.float64) for p in jobs) if jobs else (NO_JOBS,) * 2
         link_s, gather_s = (
             (np.ascontiguousarray(s, dtype=np.float64) for s in sequential) if sequential else (NO_TIMES,) * 2
         )
-        pipeline = 2 if plan is not None else (1 if sequential is not None else 0)
+        pipeline = 2 if jobs is not None else (1 if sequential is not None else 0)
         d2h = self.d2h
         d2h_s = d2h.d2h_s(d2h_bytes) if d2h is not None and d2h_bytes > 0 else -1.0
         intervals = np.zeros((5 * compute.size + 1, 5)) if record else NO_INTERVALS
@@ -163,7 +156,7 @@ def run_step(
 
     Args:
         devices: the replica's queues (``link_free_s`` and the D2H queue are read and updated).
-        cost: what the step costs (per-item compute; per-layer link and gather times, or an interruptible plan).
+        cost: what the step costs (per-item compute; per-layer link and gather times, or interruptible jobs).
         overhead_s: per-step host overhead before layer 0.
         intervals: if a list, receives the step's ``(kind, item, start_s, end_s, preempted)`` intervals.
 
@@ -177,16 +170,16 @@ def run_step(
         yield env.timeout(idle_step_s(overhead_s, cost.compute_s, cost.head_s))
         return None
     compute = np.array(cost.compute_s, dtype=np.float64)[None]
-    plan = sequential = None
+    jobs = sequential = None
     lookahead_items, chunk_bytes = 1, 1.0
     if cost.interrupt is not None:
         p = cost.interrupt
-        plan, lookahead_items, chunk_bytes = (p.prefetch[None], p.correction[None]), p.lookahead_items, p.chunk_bytes
+        jobs, lookahead_items, chunk_bytes = (p.prefetch[None], p.correction[None]), p.lookahead_items, p.chunk_bytes
     else:
         gather_s = cost.gather_s if cost.gather_s is not None else np.zeros(len(cost.recall_s))
         sequential = (np.array(cost.recall_s, dtype=np.float64)[None], np.array(gather_s, dtype=np.float64)[None])
     run = devices.time_steps(
-        start, compute, RECALLS, overhead_s, cost.head_s, cost.d2h_bytes, plan, lookahead_items, chunk_bytes,
+        start, compute, RECALLS, overhead_s, cost.head_s, cost.d2h_bytes, jobs, lookahead_items, chunk_bytes,
         sequential, record=intervals is not None,
     )  # fmt: skip
     devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = run.link_free_s, run.d2h_free_s, run.d2h_busy_s

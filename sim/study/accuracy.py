@@ -1,25 +1,12 @@
-"""Accuracy of a policy's sparse attention, interpolated from a measured table, and SLO bounds on it.
+"""Accuracy of a policy's sparse attention, interpolated from a measured table, and SLO bounds on it
+(docs/search.md "Accuracy-aware search": which rows a policy reads, interpolation, SLO keys, caveats).
 
 The table is what ``pulseinfer accuracy`` writes (``accuracy.csv``: ``selection, budget_tokens, context_tokens,
 mass_mean, mass_worst_head, rel_l2, argmax_agreement, kl_nats``, fractions and nats; engine/accuracy.py defines
-them). The shipped default, ``scenarios/accuracy/smollm2-2k.csv``, is SmolLM2-135M at 2,048 tokens of context,
-budgets 256/512/1024 (provenance: ``scenarios/accuracy/README.md``).
-
-Which row a policy reads (:func:`policy_selection`):
-
-- ``kind: dense`` (sglang) and ``selection: all`` (full_offload) attend to every token: exact (KL 0, mass 100 %);
-- ``selection: solohead`` (pulseinfer) reads the ``solohead`` rows, ``selection: headwise`` the ``headwise`` rows,
-  at the policy's ``budget_tokens`` (tokens selected beyond the sink and recent window, as in the engine).
-
-Offloading policies run short requests densely; the interpolated value is that of an offloaded request, i.e. the
-worst request's, not an average. Between measured budgets, values are interpolated piecewise linearly in
-log2(budget) — mass and agreement linearly, KL and rel L2 (which fall by decades) in log space. Outside the
-measured budgets nothing is extrapolated: :meth:`AccuracyTable.interpolate` raises :class:`AccuracyError`.
-Caveat: the table is measured at its own context length and model; a planner applying it to 32K-token prompts on
-another model assumes accuracy at a fixed budget carries over (it usually falls as context grows).
-
-SLO keys (``--slo kl_nats=0.01,mass_pct=90``): upper bounds ``kl_nats``, ``rel_l2``; lower bounds ``mass_pct``,
-``worst_head_pct``, ``argmax_pct`` (percent).
+them); the shipped default is ``scenarios/accuracy/smollm2-2k.csv`` (provenance: ``scenarios/accuracy/README.md``).
+:func:`policy_selection` picks the rows (dense and ``selection: all`` are exact); :meth:`AccuracyTable.interpolate`
+interpolates piecewise linearly in log2(budget) — KL and rel L2 in log space — and raises :class:`AccuracyError`
+outside the measured budgets (nothing is extrapolated).
 """
 
 from __future__ import annotations
@@ -34,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario, scenarios_dir
+from sim.study.executors import FieldError
 
 DEFAULT_TABLE = "accuracy/smollm2-2k.csv"  # under scenarios/
 TABLE_COLUMNS = ["selection", "budget_tokens", "mass_mean", "mass_worst_head", "rel_l2", "argmax_agreement", "kl_nats"]
@@ -53,15 +41,11 @@ VIOLATION_NAN = 1e3
 EXACT_SELECTION = "dense"
 
 
-class AccuracyError(ValueError):
+class AccuracyError(FieldError):
     """A bad accuracy table or bound, or a budget outside the measured ones; ``field`` is ``accuracy`` or ``slo``."""
 
     def __init__(self, message: str, field: str = "accuracy") -> None:
-        super().__init__(message)
-        self.field = field
-
-    def __reduce__(self):
-        return type(self), (str(self), self.field)
+        super().__init__(message, field)
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,17 +5,11 @@ way every pool stops.
 returns the results in task order, whatever order they finish in, so a table built from them does not depend
 on the backend or on scheduling. ``fn`` must be a module-level function and tasks picklable.
 
-Backends:
-
-- ``local``: ``jobs == 1`` (or a single task) runs in this process; otherwise a :class:`WorkerPool` of ``jobs``
-  spawned processes (no fork: workers start clean, as on another machine).
-- ``ray``: each task is one Ray remote call. With no ``ray_address`` and no Ray already initialised in this
-  process, ``ray.init()`` starts a local instance with ``jobs`` CPUs (and shuts it down afterwards); with
-  ``ray_address`` (``auto``, ``host:6379`` or ``ray://host:10001``) it joins that cluster, whose nodes must have
-  this package installed (``pip install -e '.[ray]'``). An explicit address is probed first (a TCP connection,
-  :data:`RAY_CONNECT_TIMEOUT_S`), so a wrong one fails in seconds, not after Ray's minutes of retries. A Ray
-  already initialised by the caller (a test fixture, a notebook) is used as is and left running. Ray is an
-  optional extra, imported only here and only for this backend.
+Backends (docs/search.md "Backends"): ``local`` runs ``jobs == 1`` (or a single task) in this process, else a
+:class:`WorkerPool` of ``jobs`` spawned processes (no fork: workers start clean, as on another machine); ``ray``
+makes each task one Ray remote call, on a local Ray it starts (and shuts down) with ``jobs`` CPUs, on the cluster at
+``ray_address`` (probed first, :data:`RAY_CONNECT_TIMEOUT_S`), or on a Ray the caller already initialised (used as
+is and left running). Ray is an optional extra, imported only here and only for this backend.
 
 A task that raises re-raises its exception here (the first failure to come back).
 
@@ -58,16 +52,21 @@ RAY_CONNECT_TIMEOUT_S = 5.0  # the probe of an explicit --ray-address
 POLL_S = 0.5  # how often a waiting pool calls its ``on_wait``
 
 
-class ExecutorError(ValueError):
-    """A bad backend setting (unknown name, Ray not installed, cluster unreachable); ``field`` names the
-    ``run_tasks`` argument (``backend``, ``ray_address``, ``jobs``)."""
+class FieldError(ValueError):
+    """A bad setting; ``field`` names the config field or argument at fault (the CLI maps it to a flag). The base of
+    every study's error (ExecutorError, PlanError, SweepError, SearchError, AccuracyError)."""
 
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
 
-    def __reduce__(self):  # keep ``field`` across processes
+    def __reduce__(self):  # keep ``field`` when a worker process sends the error back
         return type(self), (str(self), self.field)
+
+
+class ExecutorError(FieldError):
+    """A bad backend setting (unknown name, Ray not installed, cluster unreachable); ``field`` names the
+    ``run_tasks`` argument (``backend``, ``ray_address``, ``jobs``)."""
 
 
 def check_backend(backend: str, jobs: int, ray_address: str | None = None) -> None:
@@ -202,7 +201,7 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Stop every worker now: SIGTERM, :data:`STOP_GRACE_S` to unwind, then SIGKILL; then shut the pool down."""
-        with _signals_held():
+        with signals_held():
             # ProcessPoolExecutor has no public handle on its processes before Python 3.14 (terminate_workers)
             processes = list((getattr(self._pool, "_processes", None) or {}).values())
             for process in processes:
@@ -218,9 +217,11 @@ class WorkerPool:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP that arrive inside the block are delivered when it ends (so a second Ctrl-C cannot
-    cut a stop short and leave workers behind); only in the main thread, where Python runs signal handlers."""
+    cut a stop short and leave workers behind, nor split the results folder's two renames, pulseinfer/outdir.py);
+    only in the main thread, where Python runs signal handlers. Handlers are swapped rather than the signals
+    blocked: a process-directed signal reaches any thread that does not block it (tqdm's monitor, numba's)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -297,7 +298,7 @@ def _run_ray(fn, tasks, jobs: int, ray_address: str | None, on_done) -> list[Any
                     on_done(index[ref], results[index[ref]])
         return [results[i] for i in range(len(tasks))]
     except BaseException:
-        with _signals_held():
+        with signals_held():
             for ref in pending:  # a joined cluster keeps running what is not cancelled
                 try:
                     ray.cancel(ref, force=True)
@@ -306,7 +307,7 @@ def _run_ray(fn, tasks, jobs: int, ray_address: str | None, on_done) -> list[Any
         raise
     finally:
         if started:
-            with _signals_held():
+            with signals_held():
                 ray.shutdown()
 
 

@@ -1,30 +1,11 @@
 """Capacity planning: the highest request rate one replica sustains under a tail SLO, and the fewest
-replicas that serve a target rate, for each hardware × policy (after Vidur-Search).
+replicas that serve a target rate, for each hardware × policy (after Vidur-Search). The procedure, the
+steady-state check (sim/study/steady.py) and the fleet/single-replica agreement are in docs/search.md
+"Capacity planning"; :func:`bisect_max_rate`, :meth:`CellPlanner.fewest_replicas` and :func:`agree_with_single`
+say exactly what each does.
 
-Per (hardware, policy) cell:
-
-1. **Max rate per replica.** The workload is the scenario's trace cut to its first ``max_requests``
-   requests and replayed at a rate ``r`` (``workload.target_rate_per_s = r``, i.e. a time scale on the
-   trace's own clock). Starting from the slice's rate as the scenario replays it, the rate doubles (or halves) until a
-   feasible and an infeasible rate bracket the boundary, then bisects geometrically until
-   ``hi / lo - 1 <= rel_tol``. The answer is the highest rate *simulated* and found feasible; 0.0 when
-   even ``start / 2**max_steps`` misses the SLO (checked first when ``start`` misses it, so a hopeless
-   cell costs two simulations). Model assumption: feasibility falls with rate
-   (bisection needs it; a simulator with preemption can be non-monotone near the knee).
-2. **Replicas for a target rate** (if given). Simulate N replicas behind each router (``sim/serving/cluster.py``)
-   on ``max_requests × N`` requests (so every replica sees about as many requests as in step 1) at the
-   target rate. N starts at ``ceil(target / max_rate)`` (the next router starts at the previous one's
-   answer), gallops down (or up) by 1, 2, 4 … until a count that meets and one that misses the SLO
-   bracket the answer, then bisects (at most ``max_replicas``).
-
-**Steady state** (sim/study/steady.py): a rate counts as met only when the SLO holds *and* the run delivered
-it — at least 20 requests finished, and over the middle 80 % of the sample requests finished at no less than
-90 % of the rate at which they arrived (the backlog did not grow). A short sample therefore cannot answer
-beyond what it delivers; the ``note`` column says when the answer is limited by the sample (raise
-``max_requests``) rather than by the SLO. The fleet answer is
-kept consistent with the single-replica maximum: never fewer replicas than ``target / (max_rate × (1 +
-rel_tol))`` (a fleet cannot be credited with more than N × what one replica sustains), and a fleet that needs
-more than ``ceil(target / max_rate)`` says so in ``note``.
+Model assumption: feasibility falls with rate (bisection needs it; a simulator with preemption can be
+non-monotone near the knee), and more replicas never miss an SLO that fewer met.
 
 Every simulation uses the scenario's seed, so a plan is deterministic. In → out:
 ``run_plan(PlanConfig) -> DataFrame`` with :data:`PLAN_COLUMNS`.
@@ -44,7 +25,7 @@ from sim.metrics import unfinished_counts
 from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
-from sim.study.executors import run_tasks
+from sim.study.executors import FieldError, run_tasks
 from sim.study.slo import TailSlo
 from sim.study.steady import MIN_SAMPLE_REQUESTS, delivered_frac, steady_problem
 from sim.workload import load_workload
@@ -60,15 +41,8 @@ PLAN_COLUMNS = [
 OnSim = Callable[[str, str, str, bool], None]
 
 
-class PlanError(ValueError):
+class PlanError(FieldError):
     """A bad plan setting; ``field`` names the :class:`PlanConfig` field or ``run_plan`` argument."""
-
-    def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
-
-    def __reduce__(self):  # keep ``field`` when a worker process sends the error back
-        return type(self), (str(self), self.field)
 
 
 @dataclass(frozen=True)
@@ -105,8 +79,9 @@ class Bisection:
 def bisect_max_rate(feasible: Callable[[float], bool], start: float, rel_tol: float, max_steps: int) -> Bisection:
     """Highest rate at which ``feasible`` holds, assuming it holds below some rate and fails above.
 
-    The bisection stops at ``hi / lo - 1 <= rel_tol`` or when no float lies between ``lo`` and ``hi``, so it ends
-    for any ``rel_tol > 0``.
+    Doubles (or halves, after trying ``start / 2**max_steps`` first) from ``start`` until a feasible and an
+    infeasible rate bracket the boundary, then bisects geometrically. The bisection stops at
+    ``hi / lo - 1 <= rel_tol`` or when no float lies between ``lo`` and ``hi``, so it ends for any ``rel_tol > 0``.
 
     Raises:
         ValueError: if ``start`` or ``rel_tol`` is not positive.

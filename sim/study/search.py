@@ -1,27 +1,18 @@
-"""Policy search with Optuna: one simulation per trial, tail SLO as constraints, TPE sampling.
+"""Policy search with Optuna: one simulation per trial, tail SLO as constraints, TPE sampling (docs/search.md
+"Search": spaces, objectives, outputs, resuming, several machines).
 
 Lifecycle of ``run_search(cfg, total_trials, jobs)``:
 
-1. :func:`prepare_study` opens the storage (a journal file, or an RDB URL such as
-   ``postgresql://user:pw@host/db``), creates the study or loads it, and checks that a loaded study was
-   made with the same objective, space, SLO and base scenario (resuming with other settings is an error).
-2. The trials still missing (``total_trials`` minus the study's finished ones) are split over ``jobs``
-   worker processes. Each worker loads the same study with its own seeded TPE sampler and runs its share,
-   stopping early once the study holds ``total_trials`` finished trials (other machines may be adding).
-   Ctrl-C or SIGTERM stops the workers at once (:class:`sim.study.executors.WorkerPool`): finished trials stay
-   in the storage, a trial cut short is marked failed and ``interrupted`` and is not counted, so rerunning the
-   same search resumes it.
-3. A trial draws the space's parameters, applies them as ``--set`` items, simulates the searched policy
-   once with the scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric
-   as a user attribute. Objective: ``goodput`` (requests/s meeting the per-request SLO), ``throughput``
-   (decode tokens/s), ``pareto`` (maximise decode tokens/s, minimise TPOT p99) or ``pareto_kl`` (maximise decode
-   tokens/s, minimise the KL interpolated from the accuracy table). Constraints:
-   :meth:`sim.study.slo.TailSlo.violations` and, with an accuracy table, :meth:`AccuracySlo.violations` (<= 0 is
-   feasible; ``sim/study/accuracy.py``: the policy's selection and budget read the measured table, a budget
-   outside it fails the trial when accuracy is bounded, since nothing is extrapolated). A parameter combination
-   the scenario rejects fails the trial (state ``FAIL``, ``error`` column) and the sampler moves on.
-4. :func:`sim.study.search_results.collect_results` turns the study into ``trials.csv`` (one row per
-   trial), ``pareto.csv`` (feasible trials not dominated in (decode tokens/s up, TPOT p99 down)) and ``best.yaml``.
+1. :func:`prepare_study` opens the storage (a journal file or an RDB URL), creates or loads the study, and checks
+   that a loaded study was made with the same objective, space, SLO and base scenario.
+2. The missing trials (``total_trials`` minus the finished ones) are split over ``jobs`` worker processes
+   (:class:`sim.study.executors.WorkerPool`), each with its own seeded TPE sampler, stopping once the study holds
+   ``total_trials`` finished trials; a trial cut short is marked failed and ``interrupted`` and not counted.
+3. A trial applies the sampled parameters as ``--set`` items, simulates the searched policy once with the
+   scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric as a user attribute.
+   Constraints: :meth:`sim.study.slo.TailSlo.violations` and :meth:`AccuracySlo.violations` (<= 0 is feasible). A
+   combination the scenario rejects fails the trial (state ``FAIL``, ``error`` column).
+4. :func:`sim.study.search_results.collect_results` writes ``trials.csv``, ``pareto.csv`` and ``best.yaml``.
 
 Determinism: a trial's metrics depend only on its parameters (fixed simulation seed). With one job on
 a fresh study the sampler seed is a function of ``cfg.seed``, so the whole search repeats exactly.
@@ -48,7 +39,7 @@ from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
 from sim.study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
-from sim.study.executors import WorkerPool
+from sim.study.executors import FieldError, WorkerPool
 from sim.study.slo import TailSlo
 from sim.study.space import SearchSpace, override
 from sim.workload import load_workload
@@ -73,15 +64,8 @@ class InvalidTrial(ValueError):
     """The trial's parameters make an invalid scenario (or one that does not fit); the trial fails."""
 
 
-class SearchError(ValueError):
+class SearchError(FieldError):
     """A bad search setting; ``field`` names the :class:`SearchConfig` field or ``run_search`` argument."""
-
-    def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
-
-    def __reduce__(self):  # keep ``field`` when a worker process sends the error back
-        return type(self), (str(self), self.field)
 
 
 class StudyMismatch(SearchError):

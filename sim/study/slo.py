@@ -1,13 +1,8 @@
 """Tail-latency SLO targets for search and planning: ``tpot_p99_ms=50,ttft_p99_s=10``.
 
-A :class:`TailSlo` bounds the 99th percentile over finished requests of TPOT and TTFT (the summary's
-``tpot_p99_s`` and ``ttft_p99_s``). A run *meets* it when every set bound holds, no request was left
-``incomplete`` (cut by the horizon, or stuck), and at least one request finished. Requests rejected
-on arrival because they can never fit (``rejected``) do not depend on load and are reported, not
-counted against the SLO.
-
-The scenario's own ``slo`` block is a per-request bound used for goodput; :meth:`TailSlo.scenario_overrides`
-sets it to the same numbers, so goodput counts the requests that meet the tail targets.
+A :class:`TailSlo` bounds the p99 TPOT and TTFT over finished requests (``tpot_p99_s``, ``ttft_p99_s``); when a run
+meets it is :meth:`TailSlo.met` (docs/design.md §12). :meth:`TailSlo.scenario_overrides` sets the scenario's
+per-request ``slo`` block to the same numbers, so goodput counts the requests that meet the tail targets.
 """
 
 from __future__ import annotations

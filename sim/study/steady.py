@@ -1,27 +1,12 @@
-"""When a simulated sample can answer a capacity question: the steady-state criterion of `pulseinfer plan`.
+"""When a simulated sample can answer a capacity question: the steady-state criterion of `pulseinfer plan`
+(docs/search.md "Capacity planning", which gives the reasoning behind each criterion).
 
-A replica (or fleet) "sustains" an offered rate only if the sample shows it, not merely because a short burst of
-requests happened to meet the SLO. A run counts as steady when
-
-1. **enough requests**: at least :data:`MIN_SAMPLE_REQUESTS` requests finished — fewer cannot give a p99 or a
-   rate;
-2. **delivered throughput matches the offered rate** over the middle of the sample: the rate at which requests
-   *finish* between the 10th and 90th percentile of finish times is at least ``(1 − STEADY_TOL)`` × the rate at
-   which they *arrive* between the 10th and 90th percentile of arrival times. The first 10 % are the warm-up,
-   the last 10 % the drain. In steady state completions track arrivals shifted by the latency, so the two
-   rates agree; when the backlog grows (overload), completions run at the replica's capacity, below the
-   arrival rate; a burst too short for its latency (50 requests at 1,000 req/s) arrives in milliseconds and
-   finishes over seconds;
-3. **the sample turns the system over**: its arrival span is at least ``TURNOVER`` × the mean request latency
-   (arrival to finish). By Little's law the span over the latency is the number of requests over the mean
-   number in the system, so a sample shorter than that never leaves its start-up transient — every request
-   is still in flight when the last arrives (a burst served as one batch finishes all at once and would look
-   infinitely fast by criterion 2).
-
-:func:`steady_problem` returns why a run is not steady (None when it is). `plan` (sim/study/plan.py) counts a rate
-as feasible only when the SLO holds *and* the run is steady, so it never reports a rate its own simulation did not
-deliver; what the plan then says about its answers (sample-limited notes, fleet answers kept consistent with the
-single-replica maximum) is the plan's own (sim/study/plan.py). This module reads request tables only.
+A run counts as steady when (1) at least :data:`MIN_SAMPLE_REQUESTS` requests finished; (2) requests *finish*
+between the 10th and 90th percentile of finish times at no less than ``(1 − STEADY_TOL)`` × the rate at which they
+*arrive* between the 10th and 90th percentile of arrival times (a growing backlog finishes at capacity, below the
+offered rate); (3) the arrival span is at least ``TURNOVER`` × the mean request latency (by Little's law, else the
+sample never leaves its start-up transient). :func:`steady_problem` returns why a run is not steady (None when it
+is). This module reads request tables only.
 """
 
 from __future__ import annotations

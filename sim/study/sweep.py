@@ -1,28 +1,16 @@
 """Parameter sweeps: every point of grids × policies × seeds simulated once, cached by content.
 
-``run_sweep(SweepConfig, out_dir, backend, jobs) -> SweepResult``:
+``run_sweep(SweepConfig, out_dir, backend, jobs) -> SweepResult``. Points, the cache and its key, and the outputs
+are described in docs/search.md "Sweeps": :func:`resolve_points` resolves and validates every point before anything
+runs; a point's result is a pure function of its resolved scenario (:func:`sim.run.policy_summary`, generator index
+0), cached under :func:`cache_key` by :class:`PointCache`; missing points run grouped by (grid values, seed) on
+:func:`sim.study.executors.run_tasks`, and only this process writes the cache, each group as it finishes.
 
-1. :func:`resolve_points` applies, per point, the user's ``--set`` items, the SLO's, the grid values,
-   ``seed=<seed>`` and ``policies=<policy>`` to the scenario and validates it (a bad key or value is an error
-   before anything runs). Seeds are the scenario's own seed + 0 … N-1.
-2. Each point's result is a pure function of its resolved scenario: :func:`sim.run.policy_summary` of its one
-   policy (generator index 0) on :func:`sim.workload.load_workload` of that scenario. Its cache key
-   (:func:`cache_key`) is the SHA-256 of the resolved scenario (JSON), the policy, the seed, the trace file's
-   bytes (when the workload reads one) and :func:`code_version` (the package version and a digest of the
-   ``sim`` and ``traces`` sources). Records live in ``out_dir/cache/<key[:2]>/<key>.json``; a rerun with one
-   more grid value simulates only the new points, and any change of scenario, card, preset or code makes new keys.
-   A record file that is not a valid record, or whose metrics break a physics bound (as a run's own check would,
-   :mod:`sim.metrics.physics`), is reported and its point simulated again (:class:`PointCache`).
-3. Missing points are grouped by (grid values, seed), so a group's policies share one workload, and run on
-   :func:`sim.study.executors.run_tasks` (local processes or Ray). Results come back to this process, which
-   alone writes the cache, each group as it finishes, so remote workers need no shared file system, and Ctrl-C
-   or SIGTERM (which stop the workers) keeps every point finished so far.
-4. :func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
-   ``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
-   ``rejected``/``incomplete``, the interpolated accuracy columns (``sim.study.accuracy``) and ``error`` (a
-   point whose model does not fit: :class:`~sim.serving.kv.CapacityError`'s message, metrics NaN).
-
-The table does not depend on the backend, the job count or the order points finish in.
+:func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
+``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
+``rejected``/``incomplete``, the interpolated accuracy columns (``sim.study.accuracy``) and ``error`` (a
+point whose model does not fit: :class:`~sim.serving.kv.CapacityError`'s message, metrics NaN). The table does not
+depend on the backend, the job count or the order points finish in.
 """
 
 from __future__ import annotations
@@ -53,7 +41,7 @@ from sim.policies import make_policy
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.accuracy import AccuracySlo, accuracy_columns, output_columns
-from sim.study.executors import run_tasks
+from sim.study.executors import FieldError, run_tasks
 from sim.study.slo import TailSlo
 from sim.workload import load_workload
 
@@ -61,15 +49,8 @@ METRIC_COLUMNS = [c for c in SUMMARY_COLUMNS if c != "policy"] + ["rejected", "i
 RESERVED_KEYS = {"policies": "--policies", "seed": "--seeds"}  # grid keys set by the sweep itself
 
 
-class SweepError(ValueError):
+class SweepError(FieldError):
     """A bad sweep setting; ``field`` names the :class:`SweepConfig` field or ``run_sweep`` argument."""
-
-    def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
-
-    def __reduce__(self):
-        return type(self), (str(self), self.field)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def interruptible(t0, compute_s, prefetch, correction, lookahead, chunk_bytes, l
     if sequential is not None:
         pipes = {"sequential": (np.array([sequential]), np.zeros((1, len(sequential))))}
     else:
-        pipes = {"plan": (jobs4(prefetch)[None], jobs4(correction)[None])}
+        pipes = {"jobs": (jobs4(prefetch)[None], jobs4(correction)[None])}
     return devices.time_steps(
         t0, compute, np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead, chunk_bytes=chunk_bytes, record=record,
         **pipes,

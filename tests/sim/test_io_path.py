@@ -35,7 +35,7 @@ def _one_step(t0, compute_s, link_free_s, recall_s=None, gather_s=None, prefetch
     if recall_s is not None:
         pipes = {"sequential": (np.array([recall_s]), np.array([gather_s]))}
     else:
-        pipes = {"plan": (jobs4(prefetch)[None], jobs4(correction)[None])}
+        pipes = {"jobs": (jobs4(prefetch)[None], jobs4(correction)[None])}
     return devices.time_steps(t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead,
                               chunk_bytes=chunk_bytes, **pipes)  # fmt: skip
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.policies.offload import OffloadServing
-from sim.step.cost import InterruptPlan, StepCost
+from sim.step.cost import InterruptJobs, StepCost
 from tests.sim.oracles import recall as recall_oracle
 
 
@@ -101,5 +101,5 @@ def step_cost(  # noqa: C901, PLR0912, PLR0915
     elif params.io == "gpu_gather":
         cost.compute_s = _sm_shared(pol, cost.compute_s, item_copy.tolist(), lookahead)
     parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=1)
-    cost.interrupt = InterruptPlan((1 - f) * parts, f * parts, lookahead, params.chunk_bytes)
+    cost.interrupt = InterruptJobs((1 - f) * parts, f * parts, lookahead, params.chunk_bytes)
     return cost
