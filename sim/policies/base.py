@@ -88,6 +88,12 @@ class Policy:
         step of its batch and tokens costs, recalls nothing and draws no random numbers (this base class: never)."""
         return False
 
+    def recall_free_step(self, ctx: np.ndarray) -> tuple[int, float]:
+        """:meth:`recall_free_decode` of one step in scalars (attended tokens, one layer's seconds): the compute
+        model's scalar form, which a stepped dense step takes (numpy's per-call cost dominates one step)."""
+        attended = int(ctx.sum())
+        return attended, self.compute.decode_layer_s(len(ctx), attended)
+
     def recall_free_decode(self, ctx: np.ndarray, offloaded: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``steps`` decode steps at once, for a batch the caller found recall-free
         (:meth:`is_recall_free`; the scheduler's skip-ahead, sim/serving/decode_run.py).
@@ -101,9 +107,9 @@ class Policy:
             (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
             :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
         """
-        if steps == 1:  # one step (a dense step_cost): the compute model's scalar form, cheaper than numpy's
-            attended = int(ctx.sum())
-            return np.array([attended]), np.array([self.compute.decode_layer_s(len(ctx), attended)])
+        if steps == 1:
+            attended, layer_s = self.recall_free_step(ctx)
+            return np.array([attended]), np.array([layer_s])
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
         return attended, self.compute.decode_layer_s(len(ctx), attended)
 

@@ -30,15 +30,15 @@ class DenseServing(Policy):
         recall_state: np.ndarray | None = None,
         free_hbm_bytes: int = 0,
     ) -> StepCost:
-        """One step as a run of one of :meth:`Policy.recall_free_decode` (the one definition of a dense step)."""
-        attended, layer_s = self.recall_free_decode(ctx, offloaded, 1)
+        """One step of :meth:`Policy.recall_free_decode` (the one definition of a dense step)."""
+        attended, layer_s = self.recall_free_step(ctx)
         return StepCost(
-            compute_s=[float(layer_s[0])] * self.compute.num_layers,
+            compute_s=[layer_s] * self.compute.num_layers,
             recall_s=None,
             gather_s=None,
             head_s=self.compute.decode_head_s(len(ctx)),
             recall_bytes=0,
             num_fragments=0,
             num_transfers=0,
-            attended_tokens=int(attended[0]),
+            attended_tokens=attended,
         )
