@@ -43,3 +43,51 @@ def validation_steps(steps: pd.DataFrame) -> Figure:
     ax_t.grid(True, alpha=0.3)
     ax_t.legend(fontsize=8)
     return fig
+
+
+SET_COLORS = {"fit": "tab:blue", "check": "tab:orange"}
+METRIC_MARKERS = {"per_token": "o", "ttft": "s", "throughput": "^"}
+
+
+def serving_scatter(rows: pd.DataFrame, band_pct: float = 10.0) -> Figure:
+    """The serving suite, simulated against measured on log-log axes, one panel per metric group (per-token time,
+    TTFT, throughput): fit and check sets coloured, the diagonal and a ±``band_pct`` % band shaded. Rows not
+    compared (not modelled, by construction) are left out.
+
+    Args:
+        rows: serving.csv of `pulseinfer cases` (sim/study/serving_cases.py ``SERVING_COLUMNS``): case, set, metric,
+            group (per_token, ttft, throughput), measured, simulated, verdict (ms for latencies, tokens or requests
+            per second for throughput).
+
+    Raises:
+        MissingData: if a column is missing or no row was compared.
+    """
+    require_columns(rows, ["case", "set", "metric", "group", "measured", "simulated", "verdict"], "serving.csv")
+    used = rows[(rows["verdict"] == "compared") & np.isfinite(rows["simulated"].astype(float))]
+    require_columns(used, ["measured"], "serving.csv (compared rows)")
+    groups = [g for g in ("per_token", "ttft", "throughput") if (used["group"] == g).any()]
+    fig, axes = new_figure(1, len(groups), width=4.2 * len(groups), height=4.2)
+    axes = np.atleast_1d(axes)
+    titles = {"per_token": "per-token time [ms]", "ttft": "TTFT [ms]", "throughput": "throughput [tok/s or req/s]"}
+    for ax, group in zip(axes, groups, strict=True):
+        part = used[used["group"] == group]
+        vals = part[["measured", "simulated"]].to_numpy(dtype=float)
+        lo, hi = float(vals.min()) / 1.5, float(vals.max()) * 1.5
+        xs = np.geomspace(lo, hi, 50)
+        ax.fill_between(
+            xs, xs * (1 - band_pct / 100), xs * (1 + band_pct / 100), color="0.85", label=f"±{band_pct:g} %"
+        )
+        ax.plot(xs, xs, color="0.4", linewidth=1)
+        for set_name, color in SET_COLORS.items():
+            s = part[part["set"] == set_name]
+            if len(s):
+                err = np.abs(s["simulated"] / s["measured"] - 1).mean() * 100
+                label = f"{set_name} (MAPE {err:.0f} %, n={len(s)})"
+                ax.scatter(s["measured"], s["simulated"], s=22, color=color, alpha=0.85, marker=METRIC_MARKERS[group],
+                           label=label)  # fmt: skip
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured", ylabel="simulated")
+        ax.set_title(titles[group], fontsize=10)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Serving suite: simulated vs measured on real GPUs (scenarios/cases/serving)", fontsize=11)
+    return fig

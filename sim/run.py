@@ -129,10 +129,14 @@ def simulate_policy(
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     if traces.is_session_table(workload):  # closed loop: sessions issue requests as earlier ones finish
         spec = scenario.workload.sessions or SessionsSpec()
-        # Same session start times for every policy: a generator of their own, not the policy's.
-        starts_rng = np.random.default_rng([scenario.seed, 0x5E55])
-        starts = session_starts(workload["session_id"].nunique(), spec.session_rate_per_s, starts_rng)
-        driver = SessionDriver(fleet.env, replica, workload, starts, spec.max_concurrent_sessions)
+        slots = workload.attrs.get("max_concurrency")
+        if slots is not None:  # synthetic requests behind a client's concurrency cap, offered at their arrivals
+            starts = workload["arrival_s"].to_numpy(dtype=float)
+        else:  # same session start times for every policy: a generator of their own, not the policy's
+            starts_rng = np.random.default_rng([scenario.seed, 0x5E55])
+            starts = session_starts(workload["session_id"].nunique(), spec.session_rate_per_s, starts_rng)
+            slots = spec.max_concurrent_sessions
+        driver = SessionDriver(fleet.env, replica, workload, starts, slots)
         reason = fleet.run(driver.run())
         rec.requests.extend(driver.unissued(reason))
         requests = requests_table(rec.requests)

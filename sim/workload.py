@@ -35,6 +35,10 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
                 s.num_requests, s.rate_per_s, s.prompt_tokens_mean, s.output_tokens_mean, rng,
                 prompt_tokens_cv=s.prompt_tokens_cv, output_tokens_cv=s.output_tokens_cv,
             )  # fmt: skip
+            if s.max_concurrency is not None:  # each request a one-turn session, gated by the client's slots
+                df = df.assign(session_id=df["request_id"].astype(str), turn=0, think_time_s=0.0)
+                df.attrs["max_concurrency"] = s.max_concurrency
+                return df
         else:
             columns = w.columns.model_dump() if w.columns is not None else None
             df = traces.load_trace(w.trace, w.format, columns=columns, week=w.week)

@@ -59,6 +59,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sel.add_argument("--steps", type=int, default=None, help="teacher-forced decode steps recorded (default 128)")
     sel.add_argument("--buffer-blocks", type=int, default=None, help="LRU recall buffer per layer (default: 2x budget)")
     sel.add_argument("--threads", dest="selection_threads", type=int, default=None, help="torch CPU threads (1)")
+    srv = what.add_parser(
+        "serving",
+        help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
+        description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
+        "prefill_mfu, decode_step_overhead_us and allreduce_call_us (sim/study/serving_fit.py, bounds there) to the "
+        "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations, then simulate both sets "
+        "with the fitted values. Writes OUT/fit.yaml (values, bounds, loss, provenance), one profile per card "
+        "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), OUT/serving.csv, "
+        "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 6 s per trial on 2 cores.",
+    )
+    srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
+    srv.add_argument("--trials", type=int, default=200, help="Optuna trials (default 200)")
+    srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases (default 2)")
     return p
 
 
@@ -66,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     check_seed(args.seed)
     if args.what == "selection":
         return _run_selection(args)
+    if args.what == "serving":
+        return _run_serving(args)
     torch = import_torch()
     device = resolve_device(args.device, torch)
     check_out_folder(args.out, "calibrate")
@@ -192,3 +207,61 @@ def _print_selection(result) -> None:
         f"{stats['returning_frac']:.3f}, working set {stats['working_set_ratio']:.2f} k"
     )
     print(f"recall_stats written into {result.profile_path}; selection_stats.csv and selection_summary.yaml beside it")
+
+
+def _run_serving(args: argparse.Namespace) -> int:
+    """``calibrate serving``: fit, write the profiles, and report both sets with the fitted values."""
+    import yaml
+
+    from sim.config.loader import load_card
+    from sim.study.serving_cases import load_suite, suite_report, suite_table
+    from sim.study.serving_fit import FIT_PARAMETERS, fit_serving, suite_rows
+
+    for flag, value in (("--trials", args.trials), ("--jobs", args.jobs)):
+        if value < 1:
+            raise UsageError(f"{flag} {value}: must be >= 1")
+    out = args.serving_out
+    check_out_folder(out, "calibrate serving")
+    started = time.perf_counter()
+    with results_folder(out, command="calibrate serving") as stage:
+        with Bar(args.trials, "fit", "trial") as bar:
+
+            def on_trial(i: int, best: float) -> None:
+                bar.note(f"best loss {best:.4f}")
+                bar.advance()
+
+            result = fit_serving(args.trials, args.seed, args.jobs, on_trial)
+        params = {k: float(f"{v:.4g}") for k, v in result.params.items()}
+        rows = suite_rows(params, args.jobs)
+        cases = load_suite()
+        table = suite_table(rows)
+        report = suite_report(table, {c.name for c in cases if c.offloaded})
+        table.to_csv(stage / "serving.csv", index=False)
+        report.to_csv(stage / "serving_report.csv", index=False)
+        fit = {
+            "params": params,
+            "bounds": {k: [lo, hi] for k, (lo, hi, _) in FIT_PARAMETERS.items()},
+            "loss": float(result.loss),
+            "trials": args.trials,
+            "seed": args.seed,
+            "fit_cases": sorted(c.name for c in cases if c.set == "fit" and not c.not_modelled),
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        (stage / "fit.yaml").write_text(yaml.safe_dump(fit, sort_keys=False))
+        for card in sorted({c.setup.hardware for c in cases if not c.not_modelled}):
+            hardware = {**load_card("hardware", card), **params}
+            profile = {"name": f"{card}-serving-fit", "source": f"pulseinfer calibrate serving --trials {args.trials}",
+                       "metadata": {"date": fit["date"], "loss": fit["loss"]}, "hardware": hardware}  # fmt: skip
+            (stage / f"{card}.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+        from plots.validation import serving_scatter
+
+        (stage / "plots").mkdir()
+        serving_scatter(table).savefig(stage / "plots" / "serving_scatter.png", dpi=110)
+    print(f"\nfitted in {time.perf_counter() - started:.0f} s ({args.trials} trials), loss {result.loss:.4f}:")
+    for name, value in params.items():
+        lo, hi, _ = FIT_PARAMETERS[name]
+        print(f"  {name:24s} {value:<12g} bounds [{lo:g}, {hi:g}]")
+    print("\nboth sets with the fitted values (not modelled and by-construction rows left out):")
+    print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\nwrote {out}/fit.yaml, a profile per card, serving.csv, serving_report.csv, plots/serving_scatter.png")
+    return 0

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import check_out_folder
+from pulseinfer.errors import UsageError
 from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
@@ -16,6 +17,12 @@ before the simulator was run, and how the simulator computes the same metric (on
 point, or a closed-form link figure). Verdict: within / outside the tolerance, or not_modelled with the
 reason when this build lacks what the case needs. Sources: docs/sources.md §9.
 OUT/cases.csv: case, source, metric, published, simulated, error_pct, tolerance_pct, verdict, note.
+
+The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11) is ~40 public real-GPU serving
+benchmarks (vLLM, SGLang, TensorRT-LLM; TPOT or ITL with its statistic, TTFT, throughput), each rebuilt as a
+scenario and split once into a fit set and a check set. OUT/serving.csv: case, set, metric, stat, measured,
+simulated, error_pct, by_construction, verdict, note; OUT/serving_report.csv: per set and metric group the MAPE,
+the mean signed error and the worst case; OUT/plots/serving_scatter.png: simulated vs measured, log-log.
 """
 
 
@@ -29,30 +36,83 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=Path("results/cases"), help="results folder (default results/cases)")
     p.add_argument("--only", default=None, metavar="NAME,...", help="run only these cases (file names without .yaml)")
+    p.add_argument(
+        "--suite", choices=("all", "published", "serving"), default="all", help="which cases to run (default all)"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.cases import cases_table, load_case, run_case, select_cases
+    from sim.study.cases import case_names, cases_table, load_case, run_case, select_cases
+    from sim.study.serving_cases import serving_case_names
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    specs = [load_case(path) for path in select_cases(only)]
+    published = args.suite in ("all", "published")
+    serving = args.suite in ("all", "serving")
+    if only is not None:  # names pick their suite
+        known = set(case_names()) | set(serving_case_names())
+        unknown = [n for n in only if n not in known]
+        if unknown:
+            raise UsageError(f"--only: unknown case {unknown[0]!r}; see scenarios/cases/ and scenarios/cases/serving/")
+    pub_only = [n for n in only if n in case_names()] if only is not None else None
+    srv_only = [n for n in only if n in serving_case_names()] if only is not None else None
+    published = published and (only is None or bool(pub_only))
+    serving = serving and (only is None or bool(srv_only))
+    specs = [load_case(path) for path in select_cases(pub_only)] if published else []
     check_out_folder(args.out, "cases")
-    mark_results(args.out, "cases", files=["cases.csv"])  # creates OUT, marked as pulseinfer's
+    files = (["cases.csv"] if published else []) + (["serving.csv", "serving_report.csv"] if serving else [])
+    mark_results(args.out, "cases", files=files, trees=["plots"] if serving else [])
     started = time.perf_counter()
-    rows = []
-    with Bar(len(specs), "cases", "case", hidden=args.no_progress) as bar:
-        for spec in specs:
-            bar.note(spec.name)
-            rows.append(run_case(spec, on_sim=lambda point, name=spec.name: bar.note(f"{name}: {point}")))
-            bar.advance()
-    table = cases_table(rows)
-    table.to_csv(args.out / "cases.csv", index=False)
-    print(f"\npublished cases ({time.perf_counter() - started:.0f} s wall)")
-    print(format_cases(table))
-    print(f"\nwrote {args.out / 'cases.csv'}")
+    if published:
+        rows = []
+        with Bar(len(specs), "cases", "case", hidden=args.no_progress) as bar:
+            for spec in specs:
+                bar.note(spec.name)
+                rows.append(run_case(spec, on_sim=lambda point, name=spec.name: bar.note(f"{name}: {point}")))
+                bar.advance()
+        table = cases_table(rows)
+        table.to_csv(args.out / "cases.csv", index=False)
+        print(f"\npublished cases ({time.perf_counter() - started:.0f} s wall)")
+        print(format_cases(table))
+        print(f"\nwrote {args.out / 'cases.csv'}")
+    if serving:
+        _run_serving(args, srv_only)
     return 0
+
+
+def _run_serving(args: argparse.Namespace, only: list[str] | None) -> None:
+    from sim.study.serving_cases import load_suite, run_serving_case, suite_report, suite_table
+
+    started = time.perf_counter()
+    cases = load_suite(only)
+    rows: list[dict] = []
+    with Bar(len(cases), "serving", "case", hidden=args.no_progress) as bar:
+        for case in cases:
+            bar.note(case.name)
+            rows += run_serving_case(case)
+            bar.advance()
+    table = suite_table(rows)
+    report = suite_report(table, {c.name for c in cases if c.offloaded})
+    table.to_csv(args.out / "serving.csv", index=False)
+    report.to_csv(args.out / "serving_report.csv", index=False)
+    print(f"\nserving suite ({time.perf_counter() - started:.0f} s wall): simulated vs measured on real GPUs")
+    shown = table.drop(columns=["note", "by_construction"]).copy()
+    for col in ("measured", "simulated"):
+        shown[col] = shown[col].map(lambda v: "-" if v != v else f"{v:.4g}")
+    shown["error_pct"] = shown["error_pct"].map(lambda v: "-" if v != v else f"{v:+.1f}")
+    print(shown.to_string(index=False))
+    print("\nper set and metric group (not modelled and by-construction rows left out):")
+    print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    try:
+        from plots.validation import serving_scatter
+
+        (args.out / "plots").mkdir(exist_ok=True)
+        fig = serving_scatter(table)
+        fig.savefig(args.out / "plots" / "serving_scatter.png", dpi=110)
+        print(f"\nwrote {args.out / 'serving.csv'}, serving_report.csv and plots/serving_scatter.png")
+    except ValueError as exc:  # MissingData: nothing compared
+        print(f"\nwrote {args.out / 'serving.csv'} and serving_report.csv (no figure: {exc})")
 
 
 def format_cases(table) -> str:

@@ -31,7 +31,8 @@ class ModelSpec(Spec):
     vocab_size: PositiveInt
     tie_word_embeddings: bool = False
     max_seq_len: PositiveInt = 131072  # longest context served (prompt + output tokens)
-    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"  # the weights' dtype (fp8: FP8 GEMMs at the FP8 peak)
+    kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] | None = None  # the KV cache's dtype; None: the weights' dtype
     num_experts: Annotated[int, Field(ge=0)] = 0
     num_active_experts: Annotated[int, Field(ge=0)] = 0
     expert_intermediate_size: Annotated[int, Field(ge=0)] = 0
@@ -52,7 +53,18 @@ class ModelSpec(Spec):
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes of one weight."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one K or V element (``kv_dtype``, else the weights' dtype)."""
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element: 16-bit, or 32-bit for fp32 models (FP8 models keep BF16 activations)."""
+        return 4 if self.dtype == "fp32" else 2
 
     @property
     def is_moe(self) -> bool:
@@ -60,8 +72,8 @@ class ModelSpec(Spec):
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
-        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × dtype bytes."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × KV dtype bytes."""
+        return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -121,6 +133,7 @@ class HardwareSpec(Spec):
     hbm_gib: PositiveFloat
     hbm_bandwidth_gbps: PositiveFloat
     bf16_tflops: PositiveFloat  # dense peak
+    fp8_tflops: PositiveFloat | None = None  # dense FP8 peak (datasheet); None: no FP8 tensor cores (BF16 GEMMs)
     h2d_bandwidth_gbps: PositiveFloat  # PCIe host→device copy rate for large transfers
     d2h_bandwidth_gbps: PositiveFloat
     h2d_latency_us: Annotated[float, Field(ge=0)]  # fixed cost of one transfer (per-descriptor DMA, pipelined)
@@ -135,10 +148,6 @@ class HardwareSpec(Spec):
     host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
     host_gather_gbps_per_thread: PositiveFloat = 12.0  # memcpy rate of one thread
     host_gather_fragment_us: Annotated[float, Field(ge=0)] = 0.2  # per-fragment cost of one thread
-    # Node-level host memory bandwidth shared by the GPUs of a node (None: no cap). A gather reads and writes
-    # each byte, so one GPU's gather rate is at most host_memory_gbps / gpus_per_node / 2 (static fair share).
-    host_memory_gbps: PositiveFloat | None = None
-    gpus_per_node: PositiveInt = 1  # GPUs sharing host_memory_gbps
     # io: batched (one cudaMemcpyBatchAsync-style call per layer): t = call + N · entry + bytes / BW
     # (docs/sources.md §3.3: torchcomms PR #2195 measures 2.23-2.53 µs per entry on H100; vLLM PR #40549 ~2.6).
     h2d_batch_call_us: Annotated[float, Field(ge=0)] = 5.0  # one call's submission (5-7 µs per call, §3.3)
@@ -152,9 +161,21 @@ class HardwareSpec(Spec):
     # Model assumption: while the kernel runs it holds this fraction of the SMs, so the layer computing
     # beside it is slowed by gpu_gather_sm_frac × the overlap (sim/policies/offload.py).
     gpu_gather_sm_frac: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    # The compute model's efficiencies (sim/step/compute.py; fitted by `pulseinfer calibrate serving`, bounds in
+    # sim/study/serving_fit.py, docs/sources.md §11): a large kernel's share of the HBM peak, the bytes at which a
+    # kernel reaches half of it, attention's share relative to that and the context per request at which it reaches
+    # half, grouped-GEMM (MoE expert) efficiency, the GEMMs' share of the tensor peak, the host cost of a decode step
+    # (CUDA graph) and of each request in it (sampling, detokenisation, scheduling), and the per-call cost of an
+    # all-reduce.
     hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
+    hbm_half_bytes: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+    attn_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    attn_half_tokens: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
+    decode_request_overhead_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0  # per request per step (CPU)
+    allreduce_call_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
     # False where recall copies run on the thread that computes (the CPU engine: the "device" is host memory
     # and every copy is synchronous), so a layer's recall adds to its time instead of overlapping compute.
     io_overlaps_compute: bool = True
@@ -167,6 +188,13 @@ class HardwareSpec(Spec):
     gpus_per_socket: PositiveInt = 4  # GPUs whose host gather reads one CPU socket's DRAM
     host_dram_gbps_per_socket: PositiveFloat | None = None  # None: gather never limited by DRAM bandwidth
     reserve_per_tp_gib: Annotated[float, Field(ge=0)] = 0.5  # SGLang: reserve grows by tp/2 GB (§5.1)
+    # Node-level host sharing (sim/config/parallel.py host_share). A PCIe switch's uplink to the host, per
+    # direction, shared by the recalling GPUs behind it; None: the GPU's own h2d/d2h rate (model assumption: the
+    # uplink is an x16 link of the GPU's generation, as each GPU's own). GBPS bounds: sim/config/checks.py.
+    pcie_uplink_gbps: PositiveFloat | None = None
+    # Replicas of this GPU's node that recall at the same time, its own included (model assumption, worst case:
+    # they all recall at once). A fleet of N > 1 replicas (sim/serving/fleet.py) sets it from its placement; 1: alone.
+    replicas_sharing_node: Annotated[int, Field(ge=1, le=64)] = 1
 
     @model_validator(mode="after")
     def _check_table(self) -> HardwareSpec:

@@ -88,7 +88,7 @@ RATE_RANGES: dict[str, tuple[float, float]] = {
     "h2d_bandwidth_gbps": GBPS_RANGE,
     "d2h_bandwidth_gbps": GBPS_RANGE,
     "host_gather_gbps_per_thread": GBPS_RANGE,
-    "host_memory_gbps": GBPS_RANGE,
+    "pcie_uplink_gbps": GBPS_RANGE,
     "gpu_gather_gbps": GBPS_RANGE,
     "nvlink_bandwidth_gbps": GBPS_RANGE,
     "host_dram_gbps_per_socket": GBPS_RANGE,

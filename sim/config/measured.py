@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from sim.config.base import NonNeg, PositiveFloat, PositiveInt, Spec
@@ -124,8 +125,11 @@ class SelectionProfile(Spec):
 
         select_s(C) = (base_us + per_block_ns · C · 1e-3) · 1e-6
 
-    with C the candidate (offloaded) blocks summed over the batch's offloaded requests. When a profile has
-    this section, the simulator charges it instead of counting block summaries as attended tokens.
+    with C the candidate (offloaded) blocks summed over the batch's offloaded requests (of one micro-batch group).
+    One mechanism with the policy's default model: without a profile, an offload policy's ``selection_launch_us``
+    and ``selection_per_block_ns`` are its ``base_us`` and ``per_block_ns`` (the top-k kernel; the summaries'
+    read stays in the attended tokens). When a profile has this section, its measured figures replace them and
+    the block summaries stop counting as attended tokens (the measurement read them).
     """
 
     base_us: NonNeg
@@ -138,6 +142,10 @@ class SelectionProfile(Spec):
         if candidate_blocks <= 0:
             return 0.0
         return self.base_us * 1e-6 + self.per_block_ns * 1e-9 * candidate_blocks
+
+    def seconds_array(self, candidate_blocks: np.ndarray) -> np.ndarray:
+        """:meth:`seconds` elementwise (float64 [k] for int64 [k] candidate blocks; bit for bit the scalar form)."""
+        return np.where(candidate_blocks > 0, self.base_us * 1e-6 + self.per_block_ns * 1e-9 * candidate_blocks, 0.0)
 
 
 class Profile(Spec):

@@ -15,12 +15,15 @@ So :func:`shard_model` returns the model as one GPU sees it: its KV bytes per to
 are that GPU's share, and everything downstream (KV pool, compute roofline, recall bytes of an offloaded
 request's own KV heads, host DRAM) is per GPU. :func:`per_gpu_hardware` gives the card as one GPU of the
 group sees it: SGLang's reserve grows by ``reserve_per_tp_gib`` per extra GPU ((12 + tp/2) GB on H200,
-docs/sources.md §5.1), the host link is shared by the group's GPUs behind one PCIe switch
-(``gpus_per_pcie_switch``) and host gather by those on one socket (``host_dram_gbps_per_socket``).
-With ``tp == 1`` both return their argument unchanged (today's numbers, exactly).
+docs/sources.md §5.1), and the host path is shared (:func:`host_share`): the PCIe switch's uplink by the recalling
+GPUs behind it (``gpus_per_pcie_switch``), the socket's DRAM by those on it (``host_dram_gbps_per_socket``), the
+recalling GPUs being the group's ranks and, in a fleet, the other replicas of the node (``replicas_sharing_node``).
+A lone GPU at ``tp == 1`` gets its argument back unchanged.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sim.config.cards import HardwareSpec, ModelSpec
 
@@ -67,31 +70,80 @@ def shard_model(model: ModelSpec, tp: int) -> ModelSpec:
     )
 
 
+@dataclass(frozen=True)
+class HostShare:
+    """One GPU's share of its node's host path (:func:`host_share`): rates in GB/s (1e9 B/s) and the GPUs sharing.
+
+    Attributes:
+        h2d_gbps, d2h_gbps: the copy rates per direction, min(link, uplink / on_switch, socket DRAM / on_socket).
+        gather_gbps: the host gather's cap, socket DRAM / (2 · on_socket) (None: no DRAM figure on the card).
+        on_switch, on_socket: recalling GPUs behind this GPU's PCIe switch, on its CPU socket (this one included).
+    """
+
+    h2d_gbps: float
+    d2h_gbps: float
+    gather_gbps: float | None
+    on_switch: int
+    on_socket: int
+
+
+def host_share(hardware: HardwareSpec, tp: int = 1) -> HostShare:
+    """One GPU's share of the host path when the node's recalling GPUs share it (docs/design.md §8)::
+
+        active    = min(gpus_per_node, tp × replicas_sharing_node)   GPUs of the node recalling at once
+        on_switch = min(gpus_per_pcie_switch, active),  on_socket = min(gpus_per_socket, active)
+        copy rate = min(link, uplink / on_switch, socket DRAM / on_socket)    (per direction; a copy crosses DRAM once)
+        gather    ≤ socket DRAM / (2 · on_socket)                             (reads and writes each byte)
+
+    Model assumptions: a replica's ``tp`` ranks recall at once, each its KV-head shard, and with the node's other
+    replicas (``replicas_sharing_node``, set by a fleet; worst case: all at once) are packed in order onto switches
+    and sockets, this replica first — so it shares the fullest switch and socket. The uplink is ``pcie_uplink_gbps``
+    (None: the GPU's own link rate). A lone GPU (``active`` = 1) keeps its link; its gather is capped only by its
+    socket's DRAM (half of ``host_dram_gbps_per_socket``). The effective recall rate of gather-scatter is the
+    slower of copy and gather: min(link, uplink / on_switch, DRAM / (2 · on_socket)) when threads do not bind.
+    """
+    active = min(hardware.gpus_per_node, tp * hardware.replicas_sharing_node)
+    on_switch, on_socket = min(hardware.gpus_per_pcie_switch, active), min(hardware.gpus_per_socket, active)
+    dram = hardware.host_dram_gbps_per_socket
+
+    def copy_gbps(link: float) -> float:
+        uplink = hardware.pcie_uplink_gbps if hardware.pcie_uplink_gbps is not None else link
+        rate = min(link, uplink / on_switch)
+        return rate if dram is None else min(rate, dram / on_socket)
+
+    gather = None if dram is None else dram / (2 * on_socket)
+    return HostShare(
+        copy_gbps(hardware.h2d_bandwidth_gbps), copy_gbps(hardware.d2h_bandwidth_gbps), gather, on_switch, on_socket
+    )
+
+
 def per_gpu_hardware(hardware: HardwareSpec, tp: int) -> HardwareSpec:
-    """The card as one GPU of a ``tp``-GPU group sees it (``hardware`` itself for ``tp`` 1).
+    """The card as one GPU of a ``tp``-GPU group sees it (``hardware`` itself when it shares nothing).
 
     * ``reserve_gib`` + ``reserve_per_tp_gib`` × (tp − 1): SGLang's reserve (c + tp/2) GB (docs/sources.md §5.1).
-    * H2D/D2H rates ÷ min(tp, ``gpus_per_pcie_switch``): the group's GPUs recall in the same step and share
-      a switch's uplink (Model assumption: GPUs of a group are packed onto switches).
-    * One gather thread's rate capped so the group's gathers on one socket stay within
-      ``host_dram_gbps_per_socket`` (read + write: each gathered byte crosses DRAM twice).
+    * Its share of the host path, :func:`host_share`: H2D and D2H rates; where sharing lowers the H2D rate, the GPU
+      gather kernel's rate and every measured size-table rate capped at it (they cross the same PCIe); one gather
+      thread's rate
+      capped so the GPU's gather stays within its share of the socket's DRAM.
     """
-    if tp == 1:
-        return hardware
-    link_share = min(tp, hardware.gpus_per_pcie_switch)
+    share = host_share(hardware, tp)
     per_thread = hardware.host_gather_gbps_per_thread
-    if hardware.host_dram_gbps_per_socket is not None:
-        on_socket = min(tp, hardware.gpus_per_socket)
-        cap = hardware.host_dram_gbps_per_socket / (2 * on_socket * hardware.host_gather_threads)
-        per_thread = min(per_thread, cap)
-    return hardware.model_copy(
-        update={
-            "reserve_gib": hardware.reserve_gib + hardware.reserve_per_tp_gib * (tp - 1),
-            "h2d_bandwidth_gbps": hardware.h2d_bandwidth_gbps / link_share,
-            "d2h_bandwidth_gbps": hardware.d2h_bandwidth_gbps / link_share,
-            "host_gather_gbps_per_thread": per_thread,
-        }
-    )
+    if share.gather_gbps is not None:
+        per_thread = min(per_thread, share.gather_gbps / hardware.host_gather_threads)
+    # what sharing takes off the H2D rate also caps the GPU gather kernel and a measured size table (not their own rate)
+    cap = share.h2d_gbps if share.h2d_gbps < hardware.h2d_bandwidth_gbps else float("inf")
+    table = hardware.h2d_size_table
+    update = {
+        "reserve_gib": hardware.reserve_gib + hardware.reserve_per_tp_gib * (tp - 1),
+        "h2d_bandwidth_gbps": share.h2d_gbps,
+        "d2h_bandwidth_gbps": share.d2h_gbps,
+        "gpu_gather_gbps": min(hardware.gpu_gather_gbps, cap),
+        "host_gather_gbps_per_thread": per_thread,
+        "h2d_size_table": None if table is None else [(size, min(gbps, cap)) for size, gbps in table],
+    }
+    if all(getattr(hardware, key) == value for key, value in update.items()):
+        return hardware  # nothing shared, no TP reserve: the card itself (its numbers, exactly)
+    return hardware.model_copy(update=update)
 
 
 def allreduce_s(message_bytes: float, tp: int, bandwidth_gbps: float, latency_us: float) -> float:

@@ -31,6 +31,10 @@ class DensePolicy(Spec):
     # on in the sglang preset, as SGLang's radix cache is on by default (docs/sources.md §5.6).
     prefix_cache: bool = False
     hicache: bool = False  # keep evicted prefix KV in host DRAM and reload it on a hit (needs prefix_cache)
+    # HiCache's host-tier bookkeeping on the scheduler's CPU, per prefix-cache node (one hash block of the trace)
+    # backed up to, evicted to or reloaded from host DRAM, charged to the next prefill forward
+    # (sim/serving/prefix.py). Model assumption: no public per-node figure; 0 = off (docs/sources.md §10.2).
+    hicache_node_op_us: Annotated[float, Field(ge=0, le=1000)] = 0.0
     # SGLang's scheduler rules (docs/design.md §10, docs/sources.md §5.7). ``decode_scheduler``: with
     # disaggregated prefill, ``sglang_pd`` admits to the decode batch by SGLang's decode-side budget
     # (sim/serving/decode_admission.py), ``prefill_adder`` by the colocated PrefillAdder reservation.
@@ -96,6 +100,23 @@ class OffloadPolicy(DensePolicy):
     late_correction_frac: Annotated[float, Field(ge=0, le=1)] = 0.05
     chunk_bytes: PositiveInt = 4 * 2**20  # pre-emption granularity of the link
     micro_batches: PositiveInt = 1  # batch split into groups interleaved layer by layer
+    # What a step that recalls pays beyond compute and copies (OffloadServing.step_costs; docs/sources.md §10.1).
+    # A decode step that recalls with host-issued copies (every ``io`` but ``gpu_gather``, on a GPU) runs its layers
+    # eagerly, as a graph cannot capture data-dependent copies: each layer pays its kernel launches. 28 µs: eager vs
+    # CUDA-graph decode of Qwen2.5 measured per layer, 135 vs 107 µs (paiml/realizar issue #201); PyTorch eager
+    # with Python dispatch pays ~10× more (vllm-project/vllm-omni issue #7960). Steps that recall nothing keep
+    # the graph.
+    eager_launch_us_per_layer: Annotated[float, Field(ge=0, le=1000)] = 28.0
+    # Model assumption (0 = off): per (layer, micro-batch) that recalls, the compute stream's wait on the copy's
+    # event (cudaStreamWaitEvent, or a host sync).
+    event_wait_us: Annotated[float, Field(ge=0, le=1000)] = 0.0
+    # Selection (Quest scores over the block summaries, then top-k), per layer and micro-batch group with C
+    # candidate blocks: selection_launch_us + selection_per_block_ns · C (sim/config/measured.py
+    # SelectionProfile; a profile's measured ``selection`` section replaces both). Model assumption (0 = off):
+    # Quest (arXiv 2406.10774) and ShadowKV (arXiv 2410.21465) report selection as a small share of decode
+    # without a per-block figure. Block summaries count as attended tokens unless a profile measured selection.
+    selection_launch_us: Annotated[float, Field(ge=0, le=1000)] = 0.0
+    selection_per_block_ns: Annotated[float, Field(ge=0, le=1000)] = 0.0
     # Mechanism 4, IO-adaptive offloading admission (sim/serving/admission.py); "static" = memory only.
     admission: Literal["static", "io_adaptive"] = "static"
     admission_slack: Annotated[float, Field(ge=-0.75, le=2.0)] = 0.1  # initial: recall ≤ compute × (1 + slack)

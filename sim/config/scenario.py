@@ -45,6 +45,10 @@ class ServingSpec(Spec):
     """
 
     prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
+    # colocated only: a forward carries the prefill chunk and the running batch's decode tokens together (vLLM
+    # V1's default scheduler, TensorRT-LLM's in-flight batching with chunked context, SGLang --enable-mixed-chunk);
+    # false: prefill first, decode waits (SGLang's default). sim/serving/prefill.py.
+    mixed_prefill: bool = False
     num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
     tp_size: Literal[1, 2, 4, 8] = 1
 

@@ -44,6 +44,10 @@ class SyntheticSpec(Spec):
     output_tokens_mean: Annotated[float, Field(gt=0, le=10_000_000)]
     prompt_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 1.0
     output_tokens_cv: Annotated[float, Field(ge=0, le=10)] = 0.5
+    # At most this many requests in flight: an arrival waits for a finished one, as a benchmark client's
+    # --max-concurrency does (vLLM `bench serve`, SGLang `bench_serving`); its arrival is when it is sent. With a
+    # very high rate_per_s this is a closed loop at that concurrency. None: open loop.
+    max_concurrency: PositiveInt | None = None
 
     @field_validator("num_requests")
     @classmethod

@@ -14,10 +14,19 @@ Offload writes (D2H): each step the new token's KV of every offloaded request is
 (eager backup, as SGLang HiSparse does, docs/sources.md §5.4): ``StepCost.d2h_bytes``, carried by the
 GPU's D2H queue (sim/step/timing.py), which slows H2D by the hardware's ``d2h_coupling`` while busy.
 
-With a calibrated profile (sim/config/profiles.py): its ``selection`` section charges measured selection time per
-layer (for the candidate blocks of the offloaded requests) instead of counting summaries as attended
-tokens; a hardware whose ``io_overlaps_compute`` is false (the CPU engine) adds each layer's gather and
-copy time to that layer's compute instead of overlapping them.
+Selection (sparse policies, every step with offloaded requests, whether it recalls or not): per layer and
+micro-batch group, ``select_s(C) = base_us + per_block_ns · C`` over the group's C candidate blocks
+(sim/config/measured.py ``SelectionProfile``): the policy's ``selection_launch_us`` and ``selection_per_block_ns``
+(the top-k kernel; the block summaries are read as attended tokens), or, with a calibrated profile
+(sim/config/profiles.py) that has a ``selection`` section, its measured figures, which include reading the
+summaries (they then leave the attended tokens). A hardware whose ``io_overlaps_compute`` is false (the CPU
+engine) adds each layer's gather and copy time to that layer's compute instead of overlapping them.
+
+What a step that recalls pays beyond its copies (docs/design.md §8, docs/sources.md §10.1), when the recall is
+issued by the host (every ``io`` but ``gpu_gather``, whose kernel a graph captures) on a GPU (I/O overlaps
+compute): the step runs eagerly — a CUDA graph cannot capture data-dependent copies — so each of its layers pays
+``eager_launch_us_per_layer``; each (layer, group) that recalls pays ``event_wait_us`` for its wait on the
+copy's event. A step that recalls nothing keeps the graph and pays neither.
 
 I/O cost of one layer's recall by ``io`` (sim/step/link.py): ``per_fragment`` — one copy per fragment;
 ``batched`` — one batched-copy call; ``gather_scatter`` with sequential scheduling — host gather (the
@@ -39,7 +48,7 @@ from functools import cached_property
 
 import numpy as np
 
-from sim.config import OffloadPolicy, Scenario
+from sim.config import OffloadPolicy, Scenario, SelectionProfile
 from sim.policies.base import Policy
 from sim.serving.admission import Admission, AdmissionParams, IoBoundParams
 from sim.serving.io_admission import IoAdaptiveAdmission
@@ -77,9 +86,20 @@ class OffloadServing(Policy):
         self.groups = params.micro_batches
         self.correction_frac = min(1.0, params.late_correction_frac * (params.lookahead_layers - 1))
         profile = scenario.profile
-        self.selection_cost = profile.selection if profile is not None and not self.full else None
+        measured = profile.selection if profile is not None else None
+        # A measured selection cost read the summaries itself; the default model charges them as attended tokens.
+        self.summaries_attended = not self.full and measured is None
+        default = SelectionProfile(base_us=params.selection_launch_us, per_block_ns=params.selection_per_block_ns)
+        if self.full or (measured is None and not (default.base_us or default.per_block_ns)):
+            self.selection_cost: SelectionProfile | None = None  # nothing selected, or selection costs nothing
+        else:
+            self.selection_cost = measured if measured is not None else default
         self.io_overlaps = scenario.hardware.io_overlaps_compute
         self.sm_frac = scenario.hardware.gpu_gather_sm_frac
+        # Host-issued copies on a GPU break the step's graph into eager launches and event waits (module docstring).
+        pays = self.io_overlaps and params.io != "gpu_gather"
+        self.eager_launch_s = params.eager_launch_us_per_layer * 1e-6 if pays else 0.0
+        self.event_wait_s = params.event_wait_us * 1e-6 if pays else 0.0
 
     @cached_property
     def admission(self) -> Admission:
@@ -193,7 +213,7 @@ class OffloadServing(Policy):
         L, G, params = self.num_layers, self.groups, self.params
         if self.full:
             attended_each = ctx
-        elif self.selection_cost is not None:  # measured selection cost replaces reading summaries as tokens
+        elif not self.summaries_attended:  # a measured selection cost replaces reading summaries as tokens
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens), ctx)
         else:
             attended_each = np.where(offloaded, np.minimum(ctx, self.sparse_tokens) + -(-ctx // self.block_size), ctx)
@@ -243,6 +263,10 @@ class OffloadServing(Policy):
         def items(x: np.ndarray) -> np.ndarray:  # [k, G, L] -> [k, L·G] in GPU order (layer-major, group-minor)
             return x.transpose(0, 2, 1).reshape(k, L * G)
 
+        overhead = None  # float64 [k, L·G] eager launches and event waits of the steps that recall, or None
+        if self.eager_launch_s or self.event_wait_s:
+            item_recalls = items(nbytes) > 0
+            overhead = self.eager_launch_s * item_recalls.any(axis=1)[:, None] + self.event_wait_s * item_recalls
         if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
             costs.compute_s = np.tile(group_s, L) + items(gather) + items(link)
         elif not self.interruptible:
@@ -250,6 +274,8 @@ class OffloadServing(Policy):
             costs.host_gather = params.io == "gather_scatter"
             if params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), link[:, 0], 1)
+            elif overhead is not None:
+                costs.compute_s = np.tile(group_s, L) + overhead
         else:  # items in GPU order, split into prefetch and urgent correction
             item_bytes, item_copy, item_gather = items(nbytes).astype(float), items(link), items(gather)
             item_s = item_copy
@@ -257,6 +283,8 @@ class OffloadServing(Policy):
                 item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, params.chunk_bytes)
             elif params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), item_copy, costs.lookahead_items)
+            if overhead is not None:  # (never with gpu_gather: its recall is in the graph)
+                costs.compute_s = np.tile(group_s, L) + overhead
             parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=-1)  # float64 [k, L·G, 4]
             f = self.correction_frac
             costs.jobs = ((1 - f) * parts, f * parts)
@@ -291,15 +319,16 @@ class OffloadServing(Policy):
 
     def _layer_s(self, batch: int, attended: np.ndarray, candidates: np.ndarray | None) -> np.ndarray:
         """Seconds of one layer of a group of ``batch`` requests at each step (float64 [k]): compute, plus the
-        measured selection time of the group's candidate blocks (int64 [k]) where a profile gives one (else
-        ``candidates`` is not read)."""
+        selection time of the group's candidate blocks (int64 [k]; ``SelectionProfile.seconds``, the policy's
+        default or a profile's measured figures) where selection costs anything (else ``candidates`` is not
+        read)."""
         if len(attended) == 1:  # one step: the compute model's scalar form (numpy's per-call cost dominates there)
             layer_s = np.array([self.compute.decode_layer_s(batch, int(attended[0]))])
         else:
             layer_s = self.compute.decode_layer_s(batch, attended)
-        if self.selection_cost is None:  # summaries count as attended tokens
+        if self.selection_cost is None:
             return layer_s
-        return layer_s + np.array([self.selection_cost.seconds(float(c)) for c in candidates])
+        return layer_s + self.selection_cost.seconds_array(candidates)
 
     def _sm_shared(self, compute_s: np.ndarray, kernel_s: np.ndarray, lookahead: int) -> np.ndarray:
         """Per-item compute (float64 [k, items]) with the SM time GPU gather kernels (float64 [k, m]) take

@@ -2,9 +2,10 @@
 
 Each replica gets its own policy object (so its own admission state), KV pool, devices, recorder and a
 generator seeded from ``(scenario.seed, seed_index, replica)`` — replica 0 from ``(seed, seed_index)`` alone,
-so a one-replica fleet *is* the single-replica simulation. A driver process feeds requests: open-loop
-arrivals (:meth:`Replica.arrivals`), a router (sim/serving/cluster.py) or closed-loop sessions
-(sim/serving/sessions.py); :meth:`Fleet.run` runs until every replica is done or the horizon.
+so a one-replica fleet *is* the single-replica simulation. Replicas are packed onto nodes in index order and
+share their node's host path (:func:`replicas_sharing_node`, sim/config/parallel.py ``host_share``). A driver
+process feeds requests: open-loop arrivals (:meth:`Replica.arrivals`), a router (sim/serving/cluster.py) or
+closed-loop sessions (sim/serving/sessions.py); :meth:`Fleet.run` runs until every replica is done or the horizon.
 """
 
 from __future__ import annotations
@@ -34,6 +35,27 @@ def request_objects(workload: pd.DataFrame) -> list[Request]:
     return reqs
 
 
+def replicas_sharing_node(scenario: Scenario, num_replicas: int) -> list[int]:
+    """For each of ``num_replicas`` replicas, the replicas on its node, its own included (int list, length N).
+
+    Placement: replicas are packed in index order, ``gpus_per_node // tp_size`` to a node (the last node may hold
+    fewer). A single replica keeps its card's ``replicas_sharing_node`` (1 unless a scenario sets it).
+    """
+    if num_replicas == 1:
+        return [scenario.hardware.replicas_sharing_node]
+    per_node = max(1, scenario.hardware.gpus_per_node // scenario.serving.tp_size)
+    return [min(per_node, num_replicas - (i // per_node) * per_node) for i in range(num_replicas)]
+
+
+def on_node(scenario: Scenario, sharing: int) -> Scenario:
+    """``scenario`` with its card's ``replicas_sharing_node`` set to ``sharing`` (the scenario itself if unchanged):
+    the card then gives each GPU its share of the node's host path (sim/config/parallel.py ``host_share``)."""
+    hardware = scenario.hardware
+    if hardware.replicas_sharing_node == sharing:
+        return scenario
+    return scenario.model_copy(update={"hardware": hardware.model_copy(update={"replicas_sharing_node": sharing})})
+
+
 class Fleet:
     """Replicas of one policy sharing an environment.
 
@@ -61,10 +83,11 @@ class Fleet:
         self.replicas: list[Replica] = []
         self.recorders: list[Recorder] = []
         run = scenario.run
+        sharing = replicas_sharing_node(scenario, num_replicas)
         for i in range(num_replicas):
             rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
             rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step, run.tables == "all")
-            policy = make_policy(scenario, policy_name)
+            policy = make_policy(on_node(scenario, sharing[i]), policy_name)
             self.replicas.append(Replica(self.env, scenario, policy, rng, rec, on_finish))
             self.recorders.append(rec)
 

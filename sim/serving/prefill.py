@@ -4,7 +4,10 @@ A mixin of :class:`~sim.serving.replica.Replica` (beside :class:`~sim.serving.sk
 clock, queue, batch, pools, admission, devices and recorder. ``serving.prefill``:
 
 - ``colocated``: the scheduler loop runs one prefill forward of at most ``chunked_prefill_tokens`` new tokens
-  before decoding (:meth:`Prefill._build_prefill`, :meth:`Prefill._prefill`; SGLang's ``PrefillAdder``);
+  before decoding (:meth:`Prefill._build_prefill`, :meth:`Prefill._prefill`; SGLang's ``PrefillAdder``); with
+  ``serving.mixed_prefill`` the chunks ride in the running batch's decode step instead (one forward: the step's
+  time plus the chunks' FLOPs, ``ComputeModel.prefill_extra_s``; vLLM V1, TensorRT-LLM, SGLang
+  ``--enable-mixed-chunk``), so decode does not stop while a long prompt is prefilled;
 - ``disaggregated``: arrivals queue for a FIFO pool of ``num_prefill_gpus`` remote GPUs, and a prefilled request
   waits for the decode GPU's admission (:meth:`Prefill._remote_prefill`, :meth:`Prefill._admit_prefilled`);
 - ``none``: prefill costs no time (requests arrive with their KV cached).
@@ -17,7 +20,7 @@ from collections.abc import Generator
 
 import simpy
 
-from sim.serving.prefix import reload_forward_s
+from sim.serving.prefix import host_tier_forward, reload_forward_s
 from sim.serving.request import Request
 
 
@@ -116,10 +119,24 @@ class Prefill:
             duration = reload_forward_s(duration, load_s, self.policy.model.num_layers)
             for r, _ in chunks:
                 r.reload_tokens = 0
-        yield from self.devices.run_forward(duration)
+        # HiCache (sim/serving/prefix.py): host-tier bookkeeping before the forward, new nodes written through after
+        duration, write_tokens = host_tier_forward(self.kv.prefix, duration, self.policy.params.hicache_node_op_us)
+        mixed = self.scenario.serving.mixed_prefill and len(self.batch) and not reload_tokens
+        if mixed:  # one forward: the running batch's decode step carries the chunks (they add only their FLOPs)
+            extra_s = self.policy.compute.prefill_extra_s([(take, r.prefilled) for r, take in chunks], len(done))
+            self.in_forward = [r for r, _ in chunks if r is not self.chunked]
+            yield from self._decode_step(extra_s)
+            self.in_forward = []
+            if self.env.now == start:  # the step preempted its whole batch: the chunks run alone
+                yield from self.devices.run_forward(duration)
+            else:
+                start = self.env.now  # the step's row holds the forward's time; the prefill row records its tokens
+        else:
+            yield from self.devices.run_forward(duration)
         for r, take in chunks:
             r.prefilled += take
         self._write_offloaded_prompts(chunks)
+        self.devices.queue_d2h(self.env.now, write_tokens * self.policy.model.kv_bytes_per_token)
         now = self.env.now
         joining = []
         for r in done:

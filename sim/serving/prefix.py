@@ -21,10 +21,17 @@ Rules (as SGLang's radix cache, ``mem_cache/radix_cache.py``):
 Model assumption: generated tokens are not inserted into the tree (a trace's ids cover prompts only).
 
 HiCache (``host_tier=True``, the ``sglang_hicache`` policy; sglang ``mem_cache/hiradix_cache.py``,
-docs/sources.md §5.6): an evicted node's KV stays in host DRAM (the node stays in the tree, off device); a hit
-on it loads it back over the host link, layer by layer overlapped with the prefill forward
-(:func:`reload_forward_s`). Model assumptions: the host tier is unbounded (SGLang sizes it at
-``--hicache-ratio`` × the device pool) and its write-back (D2H) costs nothing.
+docs/sources.md §5.6, §10.2): an evicted node's KV stays in host DRAM (the node stays in the tree, off device); a
+hit on it loads it back over the host link, layer by layer overlapped with the prefill forward
+(:func:`reload_forward_s`). Writes follow SGLang's default ``--hicache-write-policy write_through``: a node is
+backed up to host when it is inserted (``HiRadixCache._insert_helper`` → ``inc_hit_count`` → ``write_backup``,
+threshold 1), so every new node's KV crosses D2H once (``host_write_tokens``) and evicting a backed-up node, or
+reloading one (which keeps its host copy), writes nothing. Each node backed up, evicted to host or reloaded is one
+host-tier operation (``host_node_ops``), a CPU cost of the scheduler. :func:`host_tier_forward` hands both to the
+prefill forward that follows. Model assumptions: the host tier is unbounded (SGLang sizes it at
+``--hicache-ratio`` × the device pool); a new node's write is queued when the next prefill forward ends (SGLang
+writes each chunk's nodes after that chunk: a chunked prompt's later chunks are written early here);
+``write_through_selective`` and ``write_back`` are not modelled.
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ class PrefixCache:
         self.host_tier = host_tier
         self.host_blocks = 0  # blocks of nodes kept in host DRAM (HiCache)
         self.reloaded_tokens = 0  # host-tier tokens the last :meth:`acquire` loaded back to the device
+        self.host_write_tokens = 0  # HiCache: tokens of new nodes to write through to host, not yet queued
+        self.host_node_ops = 0  # HiCache: host-tier node operations (backup, evict, reload) not yet charged
         self.nodes: dict[tuple[int, int], Node] = {}
         self.cached_blocks = 0
         self.evictable_blocks = 0
@@ -120,6 +129,7 @@ class PrefixCache:
                 self.evictable_blocks += node.blocks  # unreferenced until locked below
                 added += node.blocks
                 self.reloaded_tokens += node.tokens
+                self.host_node_ops += 1
                 if node.parent is not None:
                     node.parent.children += 1
         parent = path[-1] if path else None
@@ -136,6 +146,9 @@ class PrefixCache:
             added += node.blocks
             path.append(node)
             parent = node
+            if self.host_tier:  # write_through: backed up to host when inserted
+                self.host_write_tokens += tokens
+                self.host_node_ops += 1
         self._lock(path, now_s)
         return path, hit, added
 
@@ -169,9 +182,10 @@ class PrefixCache:
             stale = node.refs or node.children or not node.on_device or used_s != node.last_used_s
             if stale or self.nodes.get(node.key) is not node:
                 continue
-            if self.host_tier:  # HiCache: the KV moves to host DRAM, the node stays matchable
+            if self.host_tier:  # HiCache: the node keeps its host copy (written through), stays matchable
                 node.on_device = False
                 self.host_blocks += node.blocks
+                self.host_node_ops += 1
             else:
                 del self.nodes[node.key]
             freed += node.blocks
@@ -183,6 +197,18 @@ class PrefixCache:
                 if parent.children == 0 and parent.refs == 0:
                     heapq.heappush(heap, (parent.last_used_s, parent.node_id, parent))
         return freed
+
+
+def host_tier_forward(prefix: PrefixCache | None, forward_s: float, node_op_us: float) -> tuple[float, int]:
+    """What HiCache's host tier adds to a prefill forward of ``forward_s`` seconds: (its seconds plus the host-tier
+    node operations since the last forward at ``node_op_us`` µs each — the scheduler's CPU, before the forward
+    (the policy's ``hicache_node_op_us``) —, tokens of new nodes to write through to host when it ends). Drains
+    ``prefix``'s counters; ``(forward_s, 0)`` without a host tier."""
+    if prefix is None or not prefix.host_tier:
+        return forward_s, 0
+    ops, tokens = prefix.host_node_ops, prefix.host_write_tokens
+    prefix.host_node_ops = prefix.host_write_tokens = 0
+    return (forward_s + ops * node_op_us * 1e-6 if ops and node_op_us else forward_s), tokens
 
 
 def reload_forward_s(compute_s: float, load_s: float, num_layers: int) -> float:

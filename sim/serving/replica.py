@@ -118,6 +118,7 @@ class Replica(Prefill, SkipAhead):
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
         self.chunked: Request | None = None  # request whose prefill is split across forwards
+        self.in_forward: list[Request] = []  # prefill chunks riding in the decode step now (mixed prefill)
         self.arrived = 0
         self.wake: simpy.Event = env.event()
         self.num_done = 0  # finished or rejected
@@ -208,9 +209,11 @@ class Replica(Prefill, SkipAhead):
                 self._reject(req, verdict)
 
     # ---- decode ----------------------------------------------------------------------------------
-    def _decode_step(self) -> Generator[simpy.Event, object, None]:
+    def _decode_step(self, extra_s: float = 0.0) -> Generator[simpy.Event, object, None]:
         """One decode step, stepped: its blocks (evicting or preempting while the pool is short), its cost (the
-        policy) and its timing (sim/step/timing.py), then what it leaves behind, applied as a run of one."""
+        policy) and its timing (sim/step/timing.py), then what it leaves behind, applied as a run of one.
+        ``extra_s``: GPU seconds of prefill chunks riding in the step (``serving.mixed_prefill``), added to its
+        host overhead before layer 0."""
         env, b, pol, rec = self.env, self.batch, self.policy, self.rec
         start = env.now
         ctx, held, need = self._grow_or_preempt()
@@ -223,7 +226,7 @@ class Replica(Prefill, SkipAhead):
         cost = pol.step_cost(ctx[0], b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
-        timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)
+        timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s + extra_s, intervals)
         run = decode_run.DecodeRun([start, env.now], [cost.attended_tokens], ctx[0], held[0], need.tolist())
         stall = busy = gather = 0.0
         if timing is not None:  # it recalled
@@ -346,8 +349,9 @@ class Replica(Prefill, SkipAhead):
     def _check_invariants(self, hbm_bytes: int) -> None:
         """Expensive sweeps, on with ``run.debug_checks`` (tests turn it on)."""
         kv = self.kv
-        reqs = self.batch.reqs + ([self.chunked] if self.chunked else [])
+        reqs = self.batch.reqs + ([self.chunked] if self.chunked else []) + self.in_forward
         held = int(self.batch.blocks.sum()) + (self.chunked.device_blocks if self.chunked else 0)
+        held += sum(r.device_blocks for r in self.in_forward)
         held += (kv.prefix.cached_blocks if kv.prefix else 0) - sum(r.shared_blocks for r in reqs)
         assert held == kv.device.used, f"device blocks held {held} != pool used {kv.device.used}"
         assert hbm_bytes <= self.scenario.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"

@@ -1,36 +1,51 @@
-"""GPU compute-time model: a roofline per decoder layer for decode, FLOPs over achieved peak for prefill.
+"""GPU compute-time model: decode layers as memory-bound kernels with size-dependent efficiency, prefill as FLOPs.
 
 Decode, one layer, batch of B requests attending T tokens in total (sum over the batch)::
 
-    bytes  = W_layer + E_touched(B) · W_expert + T · kv_bytes_per_token_per_layer
-    flops  = 2 · B · P_active_layer + 4 · num_heads · head_dim · T
-    time   = max(bytes / (hbm_bandwidth · hbm_efficiency), flops / (bf16_peak · prefill_mfu))
+    gemm   = max((W_layer + n_gemm · H) / (BW · η_hbm)
+                 + E_touched(B) · (W_expert + H) / (BW · η_hbm · η_moe),
+                 2 · B · P_active_layer / (peak_w · mfu))
+    attn   = max(kv_bytes_per_token_per_layer · (T + B · h_attn) / (BW · η_hbm · η_attn),
+                 4 · num_heads · head_dim · T / (peak_bf16 · mfu))
+    layer  = gemm + attn + 2 · (all-reduce of B tokens' activations + c_ar)          (tp_size > 1)
 
-``W_layer`` is the attention and dense-MLP (or router) weight bytes; for MoE, ``E_touched(B) = E · (1 −
-(1 − k/E)^B)`` is the expected number of distinct experts that B tokens route to (uniform routing), each
-read once. ``4 · num_heads · head_dim`` FLOPs per attended token is QKᵀ plus AV (2 + 2 multiply-adds per
-channel). Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound, ridge point
-~295 FLOP/B on H100, §3.1); peak and bandwidth from the hardware card.
+``W_layer`` is the attention and dense-MLP (or router) weight bytes, read by ``n_gemm`` = 4 GEMMs (QKV, O, gate-up,
+down; 3 for an MoE layer's attention and router). A kernel that reads ``b`` bytes runs at ``η_hbm · b / (b + H)`` of
+the HBM peak (``hbm_efficiency`` η_hbm, ``hbm_half_bytes`` H: the bytes at which a kernel reaches half of η_hbm —
+launch and tail effects of small kernels), which is the same as each kernel reading H extra bytes. The attention
+kernel of a request with c tokens runs at ``η_attn · c / (c + h_attn)`` of that (``attn_efficiency``,
+``attn_half_tokens``: short contexts cannot fill the GPU), the same as each request reading h_attn extra tokens.
+For MoE, ``E_touched(B) = E · (1 − (1 − k/E)^B)`` distinct experts (uniform routing), each read once, by grouped
+GEMMs at ``moe_efficiency`` η_moe. GEMMs run at the weights' dtype peak (``fp8_tflops`` for FP8 weights on a card
+that has FP8 tensor cores, else ``bf16_tflops``) times ``prefill_mfu``; attention FLOPs at the BF16 peak.
+Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound); peaks and bandwidth from the
+hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead and c_ar fitted to public serving
+measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
+With H = h_attn = 0 and η_attn = η_moe = 1 this is a plain bandwidth roofline.
+
+Each decode step adds ``decode_step_overhead_us`` (scheduler and launches of a CUDA-graph step; timed by
+sim/step/pipeline.py before layer 0) and, after the last layer, the LM head ``max((lm_head_bytes + H) / (BW · η_hbm),
+2·B·V·hidden / (peak_w · mfu))`` plus ``B · decode_request_overhead_us`` (each request's sampling, detokenisation and
+scheduling on the host, not hidden behind the GPU: Model assumption).
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
-    flops = Σ [2 · c · L · P_active_layer + 4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
-            + 2 · hidden · vocab per request whose prompt completes (its first token)
-    time  = max(flops / (bf16_peak · prefill_mfu), weight_bytes / (hbm_bandwidth · hbm_efficiency))
+    flops = Σ [2 · c · L · P_active_layer] / (peak_w · mfu) + Σ [4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
+            / (peak_bf16 · mfu) + 2 · hidden · vocab / (peak_w · mfu) per request whose prompt completes
+    time  = max(flops, weight_bytes / (BW · η_hbm)) + L · 2 · all-reduce of the chunk tokens (tp_size > 1)
 
-Model assumption: no kernel-launch or attention-kernel inefficiency beyond the two efficiency factors.
+A prefill chunk that rides in a decode step (``serving.mixed_prefill``) adds only its FLOPs and all-reduces
+(:meth:`ComputeModel.prefill_extra_s`): the step reads the weights anyway.
 
 Tensor parallelism (``serving.tp_size`` = n > 1): the model handed in is one GPU's shard
-(sim/config/parallel.py ``shard_model``: its weights, KV heads and FLOPs), so the formulas above give one
-GPU's time; each layer then adds two ring all-reduces (after attention and after the MLP) of the layer's
-activations, ``tokens · hidden_size · dtype_bytes`` bytes (``parallel.allreduce_s``: 2(n−1)/n · bytes /
-nvlink bandwidth + 2(n−1) · latency), not overlapped with compute (Model assumption). The vocabulary-parallel
-LM head's logit gather is not charged.
+(sim/config/parallel.py ``shard_model``), so the formulas above give one GPU's time; each layer adds two ring
+all-reduces of the layer's activations, ``tokens · hidden_size · 2`` bytes (``parallel.allreduce_s``: 2(n−1)/n ·
+bytes / nvlink bandwidth + 2(n−1) · nvlink_latency_us), each plus a per-call cost c_ar = ``allreduce_call_us``
+(launch and synchronisation), not overlapped with compute (Model assumption).
 
-Calibrated: with a profile's ``compute`` section (sim/config/measured.py ``ComputeProfile``, fitted by
-calibrate/fit.py from the engine's own decode steps) the decode layer and the LM head take the measured
-linear forms instead, and the per-step overhead is part of the measured head time. Prefill keeps the
-roofline (the engine's decode is what is calibrated).
+Calibrated on the project's own engine: with a profile's ``compute`` section (sim/config/measured.py
+``ComputeProfile``, fitted by calibrate/fit.py from the engine's decode steps) the decode layer and the LM head take
+the measured linear forms instead, and the per-step overhead is part of the measured head time.
 """
 
 from __future__ import annotations
@@ -55,24 +70,36 @@ class ComputeModel:
         self, model: ModelSpec, hardware: HardwareSpec, profile: ComputeProfile | None = None, tp_size: int = 1
     ) -> None:
         db = model.dtype_bytes
+        hw = hardware
         self.tp_size = tp_size
-        self.activation_bytes_per_token = model.hidden_size * db
-        self.nvlink_gbps = hardware.nvlink_bandwidth_gbps or 0.0
-        self.nvlink_latency_us = hardware.nvlink_latency_us
+        self.activation_bytes_per_token = model.hidden_size * model.activation_bytes
+        self.nvlink_gbps = hw.nvlink_bandwidth_gbps or 0.0
+        self.nvlink_latency_us = hw.nvlink_latency_us
+        self.allreduce_call_s = hw.allreduce_call_us * 1e-6
         self.num_layers = model.num_layers
-        self.bandwidth_bps = hardware.hbm_bandwidth_gbps * 1e9 * hardware.hbm_efficiency
-        self.flops_per_s = hardware.bf16_tflops * 1e12 * hardware.prefill_mfu
+        self.bandwidth_bps = hw.hbm_bandwidth_gbps * 1e9 * hw.hbm_efficiency
+        self.half_bytes = hw.hbm_half_bytes
+        self.attn_bandwidth_bps = self.bandwidth_bps * hw.attn_efficiency
+        self.attn_half_tokens = hw.attn_half_tokens
+        self.expert_bandwidth_bps = self.bandwidth_bps * hw.moe_efficiency
+        fp8 = model.dtype == "fp8" and hw.fp8_tflops is not None
+        self.flops_per_s = (hw.fp8_tflops if fp8 else hw.bf16_tflops) * 1e12 * hw.prefill_mfu  # GEMMs
+        self.attn_flops_per_s = hw.bf16_tflops * 1e12 * hw.prefill_mfu
         self.kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer
         self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
         self.num_experts = model.num_experts
         self.num_active_experts = model.num_active_experts
+        gemms = 3 if model.num_experts else 4  # QKV, O, gate-up, down; MoE: QKV, O, router
         self.shared_weight_bytes_layer = (model.attn_params_per_layer + model.dense_mlp_params_per_layer) * db
+        self.shared_read_bytes = self.shared_weight_bytes_layer + gemms * self.half_bytes
         self.expert_bytes = model.expert_params * db
+        self.expert_read_bytes = self.expert_bytes + self.half_bytes
         self.active_params_layer = model.active_params_per_layer
         self.lm_head_params = model.vocab_size * model.hidden_size
         self.lm_head_bytes = self.lm_head_params * db
         self.weight_bytes = model.weight_bytes
-        self.step_overhead_s = hardware.decode_step_overhead_us * 1e-6
+        self.step_overhead_s = hw.decode_step_overhead_us * 1e-6
+        self.request_overhead_s = hw.decode_request_overhead_us * 1e-6
         self.profile = profile
         if profile is not None:
             self.step_overhead_s = 0.0  # measured inside head_s
@@ -91,57 +118,88 @@ class ComputeModel:
         return e * (1.0 - (1.0 - k / e) ** batch_size)
 
     def allreduce_layer_s(self, tokens: int) -> float:
-        """The two all-reduces of one layer over ``tokens`` tokens' activations (0 at ``tp_size`` 1)."""
+        """The two all-reduces of one layer over ``tokens`` tokens' activations, each with its per-call cost
+        (0 at ``tp_size`` 1)."""
         if self.tp_size == 1:
             return 0.0
         nbytes = tokens * self.activation_bytes_per_token
-        return 2.0 * allreduce_s(nbytes, self.tp_size, self.nvlink_gbps, self.nvlink_latency_us)
+        one_s = allreduce_s(nbytes, self.tp_size, self.nvlink_gbps, self.nvlink_latency_us)
+        return 2.0 * (one_s + self.allreduce_call_s)
 
     def decode_layer_s(self, batch_size: int, attended_tokens: int | np.ndarray) -> float | np.ndarray:
         """One decoder layer of one decode step, or of k steps of one batch size at once (numpy broadcasting: the
         same float operations in the same order, so each step's time is the one a scalar call gives).
 
         Args:
-            batch_size: requests in the step (one new token each).
+            batch_size: requests in the step (one new token each), ≥ 1.
             attended_tokens: KV tokens read by attention, summed over the batch: an int, or int64 [k] for k steps
                 (block summaries read by selection count as tokens: one summary is the size of one token's K and V).
 
         Returns:
-            Seconds: a float, or float64 [k].
+            Seconds: a float, or float64 [k] (module docstring's formula).
         """
         if self.profile is not None:
             base, per_request, per_token = self._layer
             return (base + per_request * batch_size) + per_token * attended_tokens
-        nbytes = (
-            self.shared_weight_bytes_layer + self.experts_touched(batch_size) * self.expert_bytes
-        ) + attended_tokens * self.kv_bytes_per_token_per_layer
-        flops = 2 * batch_size * self.active_params_layer + self.attn_flops_per_token * attended_tokens
-        memory_s, flops_s = nbytes / self.bandwidth_bps, flops / self.flops_per_s
-        layer_s = np.maximum(memory_s, flops_s) if isinstance(memory_s, np.ndarray) else max(memory_s, flops_s)
+        gemm_s = self.shared_read_bytes / self.bandwidth_bps
+        if self.num_experts:
+            gemm_s += self.experts_touched(batch_size) * self.expert_read_bytes / self.expert_bandwidth_bps
+        gemm_s = max(gemm_s, 2 * batch_size * self.active_params_layer / self.flops_per_s)
+        memory_s = (attended_tokens + batch_size * self.attn_half_tokens) * (
+            self.kv_bytes_per_token_per_layer / self.attn_bandwidth_bps
+        )
+        flops_s = self.attn_flops_per_token * attended_tokens / self.attn_flops_per_s
+        attn_s = np.maximum(memory_s, flops_s) if isinstance(memory_s, np.ndarray) else max(memory_s, flops_s)
         if self.tp_size > 1:
-            return layer_s + self.allreduce_layer_s(batch_size)
-        return layer_s
+            return (gemm_s + attn_s) + self.allreduce_layer_s(batch_size)
+        return gemm_s + attn_s
 
     def decode_head_s(self, batch_size: int) -> float:
-        """LM head and sampling of one decode step (after the last layer)."""
+        """LM head, sampling and the per-request host work of one decode step (after the last layer), seconds."""
         if self.profile is not None:
             return self._head[0] + self._head[1] * batch_size
         flops = 2 * batch_size * self.lm_head_params
-        return max(self.lm_head_bytes / self.bandwidth_bps, flops / self.flops_per_s)
+        head_s = max((self.lm_head_bytes + self.half_bytes) / self.bandwidth_bps, flops / self.flops_per_s)
+        return head_s + batch_size * self.request_overhead_s
 
     def prefill_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
-        """One prefill forward.
+        """One prefill forward (module docstring).
 
         Args:
             chunks: ``(new_tokens, cached_tokens)`` per request in the forward.
             num_completing: requests whose prompt completes in this forward (they sample a token).
+
+        Returns:
+            Seconds.
         """
-        flops = 2.0 * num_completing * self.lm_head_params
-        per_token = 2.0 * self.num_layers * self.active_params_layer
-        attn = self.attn_flops_per_token * self.num_layers
-        for new, cached in chunks:
-            flops += per_token * new + attn * (new * cached + new * (new + 1) / 2)
-        time_s = max(flops / self.flops_per_s, self.weight_bytes / self.bandwidth_bps)
+        flops_s = self._prefill_flops_s(chunks, num_completing)
+        time_s = max(flops_s, self.weight_bytes / self.bandwidth_bps)
         if self.tp_size > 1:
             time_s += self.num_layers * self.allreduce_layer_s(sum(new for new, _ in chunks))
         return time_s
+
+    def prefill_extra_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
+        """What a prefill chunk adds to a decode step it rides in (``serving.mixed_prefill``): its FLOPs and, with
+        tp_size > 1, its tokens' share of the all-reduces; the weights are read by the step anyway.
+
+        Args and returns: as :meth:`prefill_s`.
+        """
+        extra_s = self._prefill_flops_s(chunks, num_completing)
+        if self.tp_size > 1:
+            tokens = sum(new for new, _ in chunks)
+            extra_s += (
+                self.num_layers
+                * 2.0
+                * allreduce_s(tokens * self.activation_bytes_per_token, self.tp_size, self.nvlink_gbps, 0.0)
+            )
+        return extra_s
+
+    def _prefill_flops_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
+        gemm = 2.0 * num_completing * self.lm_head_params
+        per_token = 2.0 * self.num_layers * self.active_params_layer
+        attn = 0.0
+        attn_per = self.attn_flops_per_token * self.num_layers
+        for new, cached in chunks:
+            gemm += per_token * new
+            attn += attn_per * (new * cached + new * (new + 1) / 2)
+        return gemm / self.flops_per_s + attn / self.attn_flops_per_s

@@ -30,11 +30,12 @@ under the interruptible pipeline; N fragments, ``bytes`` in all):
 
 Host gather (the host-gather resource: CPU threads and host memory bandwidth)::
 
-    g(N, bytes) = N · fragment_cost / threads + bytes / rate,
-    rate = min(threads · per_thread_rate, host_memory_gbps / gpus_per_node / 2)
+    g(N, bytes) = N · fragment_cost / threads + bytes / (threads · per_thread_rate)
 
-The cap is optional: the node's host memory bandwidth split evenly among its GPUs (a static fair share —
-every GPU is assumed to gather at once; a gather reads and writes each byte, hence the 2).
+The card handed in is the GPU's view of it (sim/config/parallel.py ``per_gpu_hardware``), its rates already its
+share of the node's host path (``host_share``: the PCIe switch's uplink divided among the recalling GPUs behind it,
+the socket's DRAM among those on it, the per-thread gather rate capped at its DRAM share; a lone GPU keeps its
+card's rates). This module only turns those rates into seconds.
 
 D2H (one D2H DMA queue per GPU, sim/step/timing.py): while offload writes keep it busy for a fraction f
 of a step, H2D transfers run ``1 / (1 − coupling · f)`` times longer (0–55 % slowdowns measured,
@@ -89,12 +90,9 @@ class LinkModel:
 
     @staticmethod
     def host_gather_bps(hardware: HardwareSpec) -> float:
-        """One GPU's host gather rate in B/s: threads × per-thread rate, capped by its share of the node's
-        host memory bandwidth (read + write of each byte) when ``host_memory_gbps`` is set."""
-        rate = hardware.host_gather_threads * hardware.host_gather_gbps_per_thread * 1e9
-        if hardware.host_memory_gbps is not None:
-            rate = min(rate, hardware.host_memory_gbps * 1e9 / hardware.gpus_per_node / 2)
-        return rate
+        """One GPU's host gather rate in B/s: threads × per-thread rate (its share of the socket's DRAM is already
+        in the per-thread rate of a shared card, sim/config/parallel.py ``host_share``)."""
+        return hardware.host_gather_threads * hardware.host_gather_gbps_per_thread * 1e9
 
     # The scalar methods below are the per-layer formulas of :meth:`layer_times` for one value, so the
     # tests of these formulas exercise the code the simulator runs.

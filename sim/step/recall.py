@@ -78,6 +78,13 @@ class RecallRun:
             state[:, L + 1] = left[steps - 1]
 
 
+def _difference_cdf(x: np.ndarray) -> np.ndarray:
+    """P(u' − u < x) for u, u' independent Uniform(0, 1): triangular on (−1, 1) (float array in, same shape out)."""
+    x = np.clip(x, -1.0, 1.0)
+    return np.where(x <= 0.0, 0.5 * (1.0 + x) ** 2, 1.0 - 0.5 * (1.0 - x) ** 2)
+
+
+_GRID_U = (np.arange(32) + 0.5) / 32  # midpoints of Uniform(0, 1) for the stack distances of kept blocks
 _NO_CELLS = np.zeros((0, 0, 0), dtype=np.int64)  # the arrays of a run not computed yet
 _NO_STEPS = np.zeros(0, dtype=np.int64)
 
@@ -126,6 +133,7 @@ class RecallModel:
         self.inv_a = 1.0 / stats.change_shape_a
         self.inv_b = 1.0 / np.array([kumaraswamy_b(m, stats.change_shape_a) for m in self.change_mean])
         self.returning = stats.returning_frac
+        self.working_set_steps = stats.working_set_steps
         self.stats = stats
         if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
             self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
@@ -175,24 +183,44 @@ class RecallModel:
         k = np.maximum(selected, 1)[..., None].astype(float)
         return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
 
-    def shared_hit(self, selected: np.ndarray, capacity_fragments: float) -> tuple[float, bool]:
-        """One HBM recall cache per GPU, LRU over (request, layer, block): (hit fraction of returning blocks,
-        thrashing).
+    def shared_hit(self, selected: np.ndarray, capacity_fragments: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """One HBM recall cache per GPU, LRU over (request, layer, block): (hit fraction of the blocks a stream keeps
+        from its previous selection, hit fraction of its returning blocks), float [...] each, for ``selected`` int
+        [..., n] and ``capacity_fragments`` float [...] (the step axis leading; a single step has none).
 
-        Between two uses of a block, every stream (request, layer) of the batch touches its selection; a returning
-        block that left its selection j steps ago is still cached when K + j · G ≤ C, where K = Σ k (fragments the
-        batch selects per step over all layers), G = Σ k · growth / w (what the working sets add per step) and C
-        the cache in fragments; hence h = clip((C − K) / (w · G), 0, 1) for j uniform in 1..w — the per-request
-        formula with the batch in place of one stream. When K > C even the blocks selected at consecutive steps
-        are evicted in between (LRU over a cyclic pattern larger than the cache): every selected block misses.
-        tests/sim/test_recall_reference.py checks both regimes against an explicit LRU cache of block ids.
+        An LRU cache of C fragments hits a reference exactly when fewer than C distinct fragments were referenced
+        since the previous reference to the same fragment (its stack distance; Mattson, Gecsei, Slutz and Traiger,
+        "Evaluation techniques for storage hierarchies", IBM Systems Journal 9(2), 1970). Per step every stream
+        (request, layer) touches its selection once: the batch's K = Σ k fragments, of which G = Σ k · growth / w
+        are new to their stream's recent selections (what the working sets add per step; the module docstring's
+        W − k over its w steps). Model assumption: a step's recalls reach the cache in an order drawn afresh each
+        step, a stream at position u ~ Uniform(0, 1) one step and u' the next. Then a kept block's stack distance is
+        K · (1 − u (1 − u')) + G · (1 − u) u' (the streams touched after it in the last step or before it in this
+        one; those touched in both add their new blocks), and a returning block's, last touched j steps before it
+        left (j uniform in 1..w), K + G · (j + u' − u). Hence::
+
+            h_keep   = P(K (1 − u (1 − u')) + G (1 − u) u' < C)        (a 32 × 32 midpoint grid over u, u')
+            h_return = mean_j F((C − K) / G − j),   F the CDF of u' − u (triangular on (−1, 1))
+
+        Smooth through C = K (the old closed form jumped there from "every kept block hits" to "every selected
+        block misses": a strictly cyclic order does thrash at C = K; a varying order smooths it), and h_keep = 1
+        from C ≥ K + G / 4 on. Fresh selections always miss. tests/sim/test_recall_reference.py checks both
+        against an explicit LRU cache of block ids, below and above C = K.
         """
-        frags = (selected * self.heads).astype(float)
-        total = float(frags.sum()) * self.num_layers
-        if total > capacity_fragments:
-            return 0.0, True
-        growth = float(frags.sum() * self.working_growth.sum())
-        return (float(np.clip((capacity_fragments - total) / growth, 0.0, 1.0)) if growth > 0 else 1.0), False
+        frags = np.asarray(selected * self.heads, dtype=float)
+        total = frags.sum(axis=-1) * self.num_layers  # K [...]
+        growth = frags.sum(axis=-1) * float(self.working_growth.sum()) / self.working_set_steps  # G [...]
+        cap = np.asarray(capacity_fragments, dtype=float)
+        u, u2 = _GRID_U[:, None], _GRID_U[None, :]
+        covered, both = (1.0 - u * (1.0 - u2)).ravel(), ((1.0 - u) * u2).ravel()
+        distance = total[..., None] * covered + growth[..., None] * both  # [..., 1024]
+        keep = np.where(total > 0, (distance < cap[..., None]).mean(axis=-1), 1.0)
+        j = np.arange(1, self.working_set_steps + 1, dtype=float)
+        reach = np.where(
+            growth > 0, (cap - total) / np.where(growth > 0, growth, 1.0), np.where(cap >= total, np.inf, -np.inf)
+        )
+        back = _difference_cdf(reach[..., None] - j).mean(axis=-1)
+        return keep, back
 
     def miss_frac(
         self,
@@ -247,18 +275,15 @@ class RecallModel:
             log_factor, shifting = self._advance_run(state, cold, draws, k, out)
             change *= np.exp(log_factor)
         np.minimum(change, 1.0, out=change)
-        thrashing = None
         if cache_fragments is None:
             q = change * (1.0 - self.returning * self.buffer_hit(selected))
         else:
-            shared = [self.shared_hit(selected[t], float(cache_fragments[t])) for t in range(k)]
-            q = change * (1.0 - self.returning * np.array([h for h, _ in shared])[:, None, None])
-            thrashing = np.array([t for _, t in shared])
+            keep, back = self.shared_hit(selected, cache_fragments)  # float [k] each
+            keep, back = keep[:, None, None], back[:, None, None]
+            q = (1.0 - change) * (1.0 - keep) + change * (1.0 - self.returning * back)
         if shifting is not None and shifting.any():
             q = np.where(shifting[:, :, None], np.maximum(q, st.burst_change_frac), q)
         q[0][cold] = 1.0
-        if thrashing is not None and thrashing.any():  # every selected block misses
-            q[thrashing] = 1.0
         return q
 
     def _advance_run(
@@ -373,7 +398,7 @@ class RecallModel:
         fresh = self._fresh_run(ctx, cold, draws, out)
         if fresh is not None:
             # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
-            # a thrashing shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls
+            # an empty shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls
             # more than it selects.
             np.minimum(missing + fresh, cell, out=missing)
         if G == 1:

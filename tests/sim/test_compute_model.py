@@ -14,9 +14,15 @@ def _model(name: str) -> ModelSpec:
     return ModelSpec.model_validate(load_card("model", name))
 
 
+# The shipped cards carry fitted efficiencies; these tests take the plain roofline the formula reduces to when the
+# size-dependent terms are off, and the tests at the end switch each term on by hand.
+ROOFLINE = dict(hbm_half_bytes=0.0, attn_efficiency=1.0, attn_half_tokens=0.0, moe_efficiency=1.0,
+                allreduce_call_us=0.0, decode_request_overhead_us=0.0)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def h200() -> HardwareSpec:
-    return HardwareSpec.model_validate(load_card("hardware", "h200"))
+    return HardwareSpec.model_validate({**load_card("hardware", "h200"), **ROOFLINE})
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +110,75 @@ def test_layer_time_of_k_steps_is_each_steps_scalar_time(dense, moe):
         assert many.dtype == np.float64 and many.shape == (4,)
         assert many.tolist() == [compute.decode_layer_s(16, int(a)) for a in attended]
         assert type(compute.decode_layer_s(16, 1_000)) is float
+
+
+# ---- the fitted parameters (issue 32): each term checked by hand against the module docstring's formula ----------
+
+
+def _card(**fields) -> HardwareSpec:
+    return HardwareSpec.model_validate({**load_card("hardware", "h200"), **ROOFLINE, **fields})
+
+
+FITTED = dict(hbm_efficiency=0.85, hbm_half_bytes=2e6, attn_efficiency=0.7, attn_half_tokens=300.0,
+              moe_efficiency=0.5, prefill_mfu=0.55, allreduce_call_us=20.0, decode_request_overhead_us=0.0)  # fmt: skip
+
+
+def test_decode_layer_by_hand_with_every_fitted_term():
+    m, hw = _model("qwen3-14b"), _card(**FITTED)
+    c = ComputeModel(m, hw)
+    bw = hw.hbm_bandwidth_gbps * 1e9 * 0.85
+    weights = (m.attn_params_per_layer + 3 * m.hidden_size * m.intermediate_size) * 2
+    batch, attended = 8, 8 * 5000
+    gemm = max((weights + 4 * 2e6) / bw, 2 * batch * m.active_params_per_layer / (hw.bf16_tflops * 1e12 * 0.55))
+    attn = m.kv_bytes_per_token_per_layer * (attended + batch * 300.0) / (bw * 0.7)
+    assert c.decode_layer_s(batch, attended) == pytest.approx(gemm + attn, rel=1e-12)
+    steps = np.array([attended, attended + batch])  # the k-step form gives each step's scalar value
+    assert c.decode_layer_s(batch, steps)[1] == c.decode_layer_s(batch, attended + batch)
+
+
+def test_moe_experts_read_at_the_grouped_gemm_efficiency():
+    m = _model("qwen3-30b-a3b")
+    full, half = ComputeModel(m, _card(moe_efficiency=1.0)), ComputeModel(m, _card(moe_efficiency=0.5))
+    experts = full.experts_touched(4) * m.expert_params * 2 / (_bandwidth(_card()))
+    assert half.decode_layer_s(4, 0) - full.decode_layer_s(4, 0) == pytest.approx(experts, rel=1e-9)
+
+
+def test_fp8_weights_halve_the_weight_read_and_use_the_fp8_peak():
+    bf16, fp8 = _model("llama-3.1-8b"), ModelSpec.model_validate({**load_card("model", "llama-3.1-8b"), "dtype": "fp8"})
+    hw = _card()
+    a, b = ComputeModel(bf16, hw), ComputeModel(fp8, hw)
+    assert b.flops_per_s == pytest.approx(a.flops_per_s * hw.fp8_tflops / hw.bf16_tflops)
+    assert b.shared_weight_bytes_layer * 2 == a.shared_weight_bytes_layer
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token  # kv_dtype unset: the weights' dtype
+    no_fp8 = ComputeModel(fp8, _card(fp8_tflops=None))  # a card without FP8 tensor cores runs BF16 GEMMs
+    assert no_fp8.flops_per_s == pytest.approx(a.flops_per_s)
+
+
+def test_an_fp8_kv_cache_halves_the_kv_bytes():
+    fp8_kv = ModelSpec.model_validate({**load_card("model", "llama-3.1-8b"), "kv_dtype": "fp8"})
+    assert fp8_kv.kv_bytes_per_token * 2 == _model("llama-3.1-8b").kv_bytes_per_token
+
+
+def test_a_mixed_prefill_chunk_adds_its_flops_not_the_weight_read():
+    c = ComputeModel(_model("qwen3-14b"), _card())
+    small = [(16, 0)]  # a small chunk: alone it is bound by reading the weights, riding in a step it costs its FLOPs
+    assert c.prefill_s(small, 0) == pytest.approx(c.weight_bytes / c.bandwidth_bps)
+    assert c.prefill_extra_s(small, 0) < 0.2 * c.prefill_s(small, 0)
+    big = [(8192, 0)]  # compute-bound: the two agree
+    assert c.prefill_extra_s(big, 1) == pytest.approx(c.prefill_s(big, 1), rel=1e-12)
+
+
+def test_each_all_reduce_pays_its_per_call_cost():
+    m = _model("llama-3.1-70b")
+    from sim.config.parallel import shard_model
+
+    shard = shard_model(m, 4)
+    a, b = ComputeModel(shard, _card(), None, 4), ComputeModel(shard, _card(allreduce_call_us=25.0), None, 4)
+    assert b.decode_layer_s(8, 8000) - a.decode_layer_s(8, 8000) == pytest.approx(2 * 25e-6, rel=1e-9)
+
+
+def test_each_request_adds_its_host_work_after_the_last_layer():
+    m = _model("qwen3-14b")
+    a, b = ComputeModel(m, _card()), ComputeModel(m, _card(decode_request_overhead_us=40.0))
+    assert b.decode_head_s(10) - a.decode_head_s(10) == pytest.approx(10 * 40e-6, rel=1e-12)
+    assert b.decode_layer_s(10, 1000) == a.decode_layer_s(10, 1000)

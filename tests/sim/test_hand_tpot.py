@@ -15,17 +15,20 @@ PROMPT, OUTPUT = 20000, 50  # tokens of the one request
 def _hand_model(scn):
     m, hw = scn.model, scn.hardware
     bw = hw.hbm_bandwidth_gbps * 1e9 * hw.hbm_efficiency
-    flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu
+    flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu  # a BF16 model: GEMMs and attention at the BF16 peak
+    half = hw.hbm_half_bytes  # each kernel reads this much more (its size-dependent efficiency)
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     layer_params = 2 * m.hidden_size * q + 2 * m.hidden_size * kv + 3 * m.hidden_size * m.intermediate_size
     kv_layer = 2 * kv * 2  # bf16 K and V of one token in one layer
     lm = m.vocab_size * m.hidden_size
     weights = (m.num_layers * layer_params + 2 * lm) * 2
 
-    def layer_s(attended: int) -> float:
-        return max((layer_params * 2 + attended * kv_layer) / bw, (2 * layer_params + 4 * q * attended) / flops)
+    def layer_s(attended: int) -> float:  # batch of one: 4 weight GEMMs, then attention over one request
+        gemm = max((layer_params * 2 + 4 * half) / bw, 2 * layer_params / flops)
+        attn = max(kv_layer * (attended + hw.attn_half_tokens) / (bw * hw.attn_efficiency), 4 * q * attended / flops)
+        return gemm + attn
 
-    head_s = max(lm * 2 / bw, 2 * lm / flops)
+    head_s = max((lm * 2 + half) / bw, 2 * lm / flops) + hw.decode_request_overhead_us * 1e-6
 
     def prefill_s(new: int, cached: int, completing: int) -> float:
         f = 2 * new * m.num_layers * layer_params + 4 * q * m.num_layers * (new * cached + new * (new + 1) / 2)
@@ -73,7 +76,7 @@ def test_pulseinfer_tpot_matches_hand_computation(one_request_scenario, h2d_gbps
     for k in range(1, OUTPUT):
         ctx = PROMPT + k
         attended = p.sink_tokens + p.recent_tokens + p.budget_tokens + math.ceil(ctx / p.block_size)
-        c = layer_s(attended)
+        c = layer_s(attended) + p.eager_launch_us_per_layer * 1e-6  # a step that recalls runs its layers eagerly
         selected = min(p.budget_tokens // p.block_size, (ctx - p.sink_tokens - p.recent_tokens) // p.block_size)
         nbytes = selected * p.block_size * kv_layer  # SoloHead: one fragment per block, every head
         if io == "gather_scatter":  # host gather of every fragment, then one copy (sim/step/link.py)

@@ -108,6 +108,8 @@ def scenarios(draw) -> tuple[list[str], str, list[dict]]:
         "run.progress=false",
         "run.debug_checks=true",
     ]
+    if items[1] == "serving.prefill=colocated" and draw(st.booleans()):
+        items.append("serving.mixed_prefill=true")  # prefill chunks ride in decode steps
     if items[1] == "serving.prefill=disaggregated":
         items.append(f"serving.num_prefill_gpus={draw(st.sampled_from([1, 8]))}")  # 1: remote prefills queue
     if kind == "sessions":

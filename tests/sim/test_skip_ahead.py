@@ -110,7 +110,9 @@ def test_tables_equal_with_and_without_skip_ahead(overrides, counted):
     "overrides",
     [
         # SGLang's PD decode admission with swap retraction (the shipped default's sglang), queue always full
-        pytest.param(["policies=sglang", "workload.max_requests=120"], id="default-pd-admission"),
+        pytest.param(
+            ["policies=sglang", "workload.max_requests=120", "workload.time_scale=0.5"], id="default-pd-admission"
+        ),
         # colocated on the Mooncake slice: the radix cache matches queued prompts' hash_ids (cached blocks, room)
         pytest.param(["policies=sglang", "serving.prefill=colocated", "workload.max_requests=150"], id="prefix-hashes"),
         # IO-adaptive admission with dense-only heads, queue full (a small pool); and with offloadable heads

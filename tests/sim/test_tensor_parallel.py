@@ -49,12 +49,15 @@ def test_llama70b_tp4_h100_decode_layer_by_hand():
     batch, attended = 32, 32 * 20000
     bw = hw.hbm_bandwidth_gbps * 1e9 * hw.hbm_efficiency
     flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu
-    roofline = max(
-        (layer_params * 2 + attended * kv_per_token_layer) / bw,
-        (2 * batch * layer_params + 4 * (64 // tp) * hd * attended) / flops,
+    half = hw.hbm_half_bytes  # each of the 4 weight GEMMs reads this much more (sim/step/compute.py)
+    gemm = max((layer_params * 2 + 4 * half) / bw, 2 * batch * layer_params / flops)
+    attn = max(
+        kv_per_token_layer * (attended + batch * hw.attn_half_tokens) / (bw * hw.attn_efficiency),
+        4 * (64 // tp) * hd * attended / flops,
     )
+    roofline = gemm + attn
     message = batch * h * 2
-    allreduce = (2 * 3 / 4 * message / (450e9) + 6 * 1e-6) * 2  # two per layer
+    allreduce = (2 * 3 / 4 * message / (450e9) + 6 * 1e-6 + hw.allreduce_call_us * 1e-6) * 2  # two per layer
     assert pol.compute.decode_layer_s(batch, attended) == pytest.approx(roofline + allreduce, rel=1e-12)
 
 

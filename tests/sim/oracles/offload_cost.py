@@ -36,7 +36,7 @@ def step_cost(  # noqa: C901, PLR0912, PLR0915
     batch, L, G, params = len(ctx), pol.num_layers, pol.groups, pol.params
     if pol.full:
         attended_each = ctx
-    elif pol.selection_cost is not None:
+    elif not pol.summaries_attended:
         attended_each = np.where(offloaded, np.minimum(ctx, pol.sparse_tokens), ctx)
     else:
         attended_each = np.where(offloaded, np.minimum(ctx, pol.sparse_tokens) + -(-ctx // pol.block_size), ctx)
@@ -71,6 +71,10 @@ def step_cost(  # noqa: C901, PLR0912, PLR0915
     cost.selected_fragments = selected
     if not nbytes.any():
         return cost
+    if pol.eager_launch_s or pol.event_wait_s:  # a step that recalls: eager launches, event waits where it recalls
+        item_recalls = nbytes.T.ravel() > 0
+        overhead = pol.eager_launch_s * True + pol.event_wait_s * item_recalls
+        cost.compute_s = (np.asarray(cost.compute_s) + overhead).tolist()
     if contiguous_s is not None and params.io == "per_fragment":
         link = np.where(nbytes > 0, contiguous_s[:, None], 0.0)
         gather = np.zeros_like(link)

@@ -57,12 +57,10 @@ def miss_frac(model: RecallModel, selected, cold, rng, state=None, cache_fragmen
         change *= np.exp(log_factor)
     np.minimum(change, 1.0, out=change)
     if cache_fragments is None:
-        hit = model.buffer_hit(selected)
+        q = change * (1.0 - model.returning * model.buffer_hit(selected))
     else:
-        hit, thrashing = model.shared_hit(selected, cache_fragments)
-        if thrashing:
-            return np.ones((n, L))
-    q = change * (1.0 - model.returning * hit)
+        keep, back = model.shared_hit(selected, cache_fragments)
+        q = (1.0 - change) * (1.0 - keep) + change * (1.0 - model.returning * back)
     if shifting is not None and shifting.any():
         q[shifting] = np.maximum(q[shifting], model.stats.burst_change_frac)
     q[cold] = 1.0

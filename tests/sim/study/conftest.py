@@ -67,7 +67,7 @@ def tiny_config(tmp_path: Path):
         return SearchConfig(
             scenario="default",
             space=parse_space(TINY_SPACE),
-            slo=TailSlo(tpot_p99_s=0.06),
+            slo=TailSlo(tpot_p99_s=0.08),
             storage=str(storage or tmp_path / f"{name}.journal"),
             study_name=name,
             objective=objective,

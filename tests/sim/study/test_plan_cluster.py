@@ -161,7 +161,7 @@ def test_least_tokens_routes_around_a_long_request_in_simulation(tiny_overrides)
 
 
 def test_more_replicas_never_breach_an_slo_that_fewer_met(constant_overrides):
-    scenario = _scenario(constant_overrides, "workload.synthetic.rate_per_s=40", "workload.synthetic.num_requests=60")
+    scenario = _scenario(constant_overrides, "workload.synthetic.rate_per_s=20", "workload.synthetic.num_requests=60")
     workload = load_workload(scenario)
     slo = TailSlo(ttft_p99_s=1.0)
     for router in ("round_robin", "least_tokens"):

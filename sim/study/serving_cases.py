@@ -1,0 +1,300 @@
+"""The serving-measurement suite: public real-GPU serving benchmarks, each rebuilt as a scenario and compared.
+
+A serving case (``scenarios/cases/serving/<name>.yaml``, schema :class:`ServingCase`) is one published benchmark
+run: its exact setup (model, weight and KV dtype, card, TP, engine, scheduler, lengths, load), what it measured
+(per-token latency — TPOT or ITL, with the statistic —, TTFT, throughput, or a decode step at a fixed batch) and
+its source. :func:`case_overrides` turns the setup into ``--set`` overrides of the shipped default scenario;
+:func:`run_serving_case` simulates it and returns one row per measured metric (:data:`SERVING_COLUMNS`);
+:func:`suite_report` summarises rows per set (fit, check) and metric group: MAPE, mean signed error and the worst
+case. Cases are split once, before any fitting, into a ``fit`` set (at most 60 %) and a ``check`` set
+(docs/sources.md §11). A case whose card figure came from the same source is ``by_construction`` (left out of the
+error figures); a case the simulator cannot model stays in the suite with its reason in ``not_modelled``.
+
+How each metric is computed from a simulation (the benchmark tools' definitions: vLLM ``benchmark_serving`` /
+``bench serve``, SGLang ``bench_serving``):
+
+- ``tpot_ms``: per request (e2e − TTFT) / (output − 1), then mean, median or p99 over requests (the client's
+  view: ``tpot_client_s``);
+- ``itl_ms``: the gaps between a request's successive tokens, pooled over requests (every decode step's end minus
+  the previous decode step's end, weighted by its batch size), then mean, median or p99;
+- ``ttft_ms``: arrival to first token (``ttft_client_s``), mean, median or p99;
+- ``output_throughput_tok_s`` / ``request_throughput_req_s``: output tokens (requests) over the benchmark's
+  duration, first arrival to last finish;
+- ``decode_step_ms``: the mean decode step with the case's batch (static-batch papers).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.config import read_yaml, scenarios_dir
+from sim.config.files import format_validation_error
+
+SERVING_COLUMNS = [
+    "case", "set", "metric", "group", "stat", "measured", "simulated", "error_pct", "by_construction", "verdict",
+    "note",
+]  # fmt: skip
+METRIC_GROUPS = {  # metric → the group the report's error figures are taken over
+    "tpot_ms": "per_token", "itl_ms": "per_token", "decode_step_ms": "per_token", "ttft_ms": "ttft",
+    "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput",
+}  # fmt: skip
+ALL_AT_ONCE_RATE_PER_S = 1e5  # requests sent at once: arrivals 10 µs apart on average
+
+
+class ServingCaseError(ValueError):
+    """A bad serving case file or name; the message is one line naming the file (and key)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Stat(_Strict):
+    """A latency figure and the statistic over requests (or pooled tokens) it is."""
+
+    value: Annotated[float, Field(gt=0)]
+    stat: Literal["mean", "median", "p99"]
+
+
+class Load(_Strict):
+    """How requests were offered: a Poisson ``rate`` (req/s, optionally with ``max_concurrency``), a closed loop at
+    ``concurrency``, ``all_at_once``, or a static ``batch`` decoding together from cached prompts."""
+
+    kind: Literal["rate", "concurrency", "all_at_once", "batch"]
+    value: Annotated[float, Field(gt=0)] | None = None  # req/s for rate, clients for concurrency, size for batch
+    max_concurrency: Annotated[int, Field(gt=0)] | None = None  # rate only: the client's in-flight cap
+
+
+class Setup(_Strict):
+    """The benchmark's setup, in the simulator's terms (cards in scenarios/models and scenarios/hardware)."""
+
+    model: str
+    hardware: str
+    tp_size: Literal[1, 2, 4, 8] = 1
+    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    input_tokens: Annotated[int, Field(gt=0)]
+    output_tokens: Annotated[int, Field(gt=0)]
+    num_requests: Annotated[int, Field(gt=0, le=20_000)]
+    load: Load
+    # colocated: prefill first (SGLang's default); mixed: prefill chunks ride in decode steps (vLLM V1, TensorRT-LLM,
+    # SGLang --enable-mixed-chunk); disaggregated: remote prefill; none: prompts cached (static-batch decode)
+    prefill: Literal["colocated", "mixed", "disaggregated", "none"] = "colocated"
+    chunked_prefill_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_running_requests: Annotated[int, Field(gt=0)] | None = None
+    policy: str = "sglang"
+    overrides: list[str] = []  # further --set overrides (e.g. an offload policy's budget)
+
+
+class Source(_Strict):
+    url: str
+    title: str
+    quote: str
+
+
+class Measured(_Strict):
+    """What the source states (only those; each checked against the simulation)."""
+
+    tpot_ms: Stat | None = None
+    itl_ms: Stat | None = None
+    ttft_ms: Stat | None = None
+    output_throughput_tok_s: Annotated[float, Field(gt=0)] | None = None
+    request_throughput_req_s: Annotated[float, Field(gt=0)] | None = None
+    decode_step_ms: Annotated[float, Field(gt=0)] | None = None
+
+
+class ServingCase(_Strict):
+    """One serving case file."""
+
+    name: str
+    set: Literal["fit", "check"]
+    source: Source
+    engine: str  # engine and version as the source gives them
+    setup: Setup
+    measured: Measured
+    by_construction: bool = False
+    not_modelled: str = ""  # why the simulator cannot model it ("" = it can)
+    offloaded: bool = False  # an offloaded or sparse-attention point
+    notes: str = ""
+
+
+def serving_cases_dir() -> Path:
+    """Folder of the shipped serving cases."""
+    return scenarios_dir() / "cases" / "serving"
+
+
+def serving_case_names() -> list[str]:
+    """Names of the shipped serving cases (file stems), sorted."""
+    return sorted(p.stem for p in serving_cases_dir().glob("*.yaml"))
+
+
+def load_serving_case(path: Path) -> ServingCase:
+    """Read and validate one serving case file.
+
+    Raises:
+        ServingCaseError: one line naming the file and the bad key.
+    """
+    try:
+        case = ServingCase.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise ServingCaseError(f"{path}: {format_validation_error(exc)}") from None
+    except ValueError as exc:
+        message = str(exc)
+        raise ServingCaseError(message if str(path) in message else f"{path}: {message}") from None
+    if not any(getattr(case.measured, k) is not None for k in Measured.model_fields):
+        raise ServingCaseError(f"{path}: measured: no metric given; expected one of {list(Measured.model_fields)}")
+    if case.setup.load.kind != "all_at_once" and case.setup.load.value is None:
+        raise ServingCaseError(f"{path}: setup.load.value: missing for load kind {case.setup.load.kind!r}")
+    return case
+
+
+def load_suite(only: list[str] | None = None, sets: tuple[str, ...] = ("fit", "check")) -> list[ServingCase]:
+    """The shipped serving cases (or the named ones, in that order) of the given sets.
+
+    Raises:
+        ServingCaseError: an unknown name, or a bad file.
+    """
+    names = serving_case_names()
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        raise ServingCaseError(f"--only: unknown serving case {unknown[0]!r}, expected some of {', '.join(names)}")
+    cases = [load_serving_case(serving_cases_dir() / f"{n}.yaml") for n in (only or names)]
+    return [c for c in cases if c.set in sets]
+
+
+def case_overrides(case: ServingCase) -> list[str]:
+    """``--set`` overrides of the default scenario that rebuild the case's benchmark (module docstring)."""
+    s, load = case.setup, case.setup.load
+    prefill = {"mixed": "colocated"}.get(s.prefill, s.prefill)
+    out = [
+        f"model={s.model}", f"hardware={s.hardware}", f"serving.tp_size={s.tp_size}", f"policies={s.policy}",
+        f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={prefill}",
+        f"serving.mixed_prefill={s.prefill == 'mixed'}", "workload.trace=null", "workload.time_scale=1",
+        f"workload.synthetic.num_requests={s.num_requests}", "workload.synthetic.prompt_tokens_cv=0",
+        f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", "workload.synthetic.output_tokens_cv=0",
+        f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
+        f"model.max_seq_len={max(s.input_tokens + s.output_tokens, 4096)}",
+    ]  # fmt: skip
+    rate = load.value if load.kind == "rate" else ALL_AT_ONCE_RATE_PER_S
+    out.append(f"workload.synthetic.rate_per_s={rate}")
+    cap = load.max_concurrency if load.kind == "rate" else (int(load.value) if load.kind == "concurrency" else None)
+    if cap is not None:
+        out.append(f"workload.synthetic.max_concurrency={cap}")
+    if load.kind == "batch":
+        out.append(f"policy.{s.policy}.max_running_requests={int(load.value)}")
+    elif s.max_running_requests is not None:
+        out.append(f"policy.{s.policy}.max_running_requests={s.max_running_requests}")
+    if s.chunked_prefill_tokens is not None:
+        out.append(f"policy.{s.policy}.chunked_prefill_tokens={s.chunked_prefill_tokens}")
+    return [*out, *s.overrides]
+
+
+def simulated_metrics(case: ServingCase, result) -> dict[str, float]:
+    """The case's measured metrics computed from one simulated policy result (module docstring)."""
+    req, m = result.requests, case.measured
+    done = req[np.isfinite(req["finish_s"])]
+    out: dict[str, float] = {}
+    for key, column in (("tpot_ms", "tpot_client_s"), ("ttft_ms", "ttft_client_s")):
+        stat = getattr(m, key)
+        if stat is not None:
+            out[key] = _stat(done[column].dropna().to_numpy(), None, stat.stat) * 1e3
+    if m.itl_ms is not None:
+        gaps, weights = _token_gaps(result.steps)
+        out["itl_ms"] = _stat(gaps, weights, m.itl_ms.stat) * 1e3
+    duration_s = float(done["finish_s"].max() - req["arrival_s"].min()) if len(done) else math.nan
+    if m.output_throughput_tok_s is not None:
+        out["output_throughput_tok_s"] = float(done["output_tokens"].sum()) / duration_s
+    if m.request_throughput_req_s is not None:
+        out["request_throughput_req_s"] = len(done) / duration_s
+    if m.decode_step_ms is not None:
+        steps = result.steps[result.steps["phase"] == "decode"]
+        full = steps[steps["batch_size"] == int(case.setup.load.value or 0)]
+        out["decode_step_ms"] = float((full if len(full) else steps)["duration_s"].mean()) * 1e3
+    return out
+
+
+def _token_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Inter-token gaps (s) of every decode step — its end minus the previous decode step's end, so prefill forwards
+    in between count — and their weights (the step's batch size); the first decode step has no gap."""
+    decode = steps[steps["phase"] == "decode"]
+    ends = (decode["start_s"] + decode["duration_s"]).to_numpy()
+    return np.diff(ends), decode["batch_size"].to_numpy()[1:].astype(float)
+
+
+def _stat(values: np.ndarray, weights: np.ndarray | None, stat: str) -> float:
+    if not len(values):
+        return math.nan
+    if stat == "mean":
+        return float(np.average(values, weights=weights))
+    q = 0.5 if stat == "median" else 0.99
+    if weights is None:
+        return float(np.quantile(values, q))
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, q * cum[-1])])
+
+
+def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> list[dict]:
+    """Simulate one case (with extra ``overrides``, e.g. fitted parameters) and compare: one row per metric.
+
+    Raises:
+        ScenarioError: the setup's overrides are refused by the scenario schema (a bad card name, say).
+    """
+    from sim.config import load_scenario
+    from sim.run import simulate
+
+    measured = {k: getattr(case.measured, k) for k in Measured.model_fields if getattr(case.measured, k) is not None}
+    if case.not_modelled:
+        return [_row(case, key, value, math.nan, "not_modelled", case.not_modelled) for key, value in measured.items()]
+    scenario = load_scenario("default", [*case_overrides(case), *(overrides or [])])
+    result = simulate(scenario).policies[scenario.policies[0]]
+    simulated = simulated_metrics(case, result)
+    rows = []
+    for key, value in measured.items():
+        verdict = "by_construction" if case.by_construction else "compared"
+        rows.append(_row(case, key, value, simulated[key], verdict, ""))
+    return rows
+
+
+def _row(case: ServingCase, key: str, value, simulated: float, verdict: str, note: str) -> dict:
+    stat = value.stat if isinstance(value, Stat) else ""
+    measured = value.value if isinstance(value, Stat) else float(value)
+    error = (simulated - measured) / measured * 100 if math.isfinite(simulated) else math.nan
+    return {
+        "case": case.name, "set": case.set, "metric": key, "group": METRIC_GROUPS[key], "stat": stat,
+        "measured": measured,
+        "simulated": simulated, "error_pct": error, "by_construction": case.by_construction, "verdict": verdict,
+        "note": note,
+    }  # fmt: skip
+
+
+def suite_table(rows: list[dict]) -> pd.DataFrame:
+    """Rows of :func:`run_serving_case` as a table with :data:`SERVING_COLUMNS`."""
+    return pd.DataFrame(rows, columns=SERVING_COLUMNS)
+
+
+def suite_report(table: pd.DataFrame, offloaded: set[str] | None = None) -> pd.DataFrame:
+    """Per set (fit, check) and metric group (per_token, ttft, throughput, and ``offloaded`` for the offloaded and
+    sparse cases' every metric): compared rows, MAPE (%), mean signed error (%), the worst case and its error.
+    Cases ``by_construction`` or ``not_modelled`` are left out (counted in ``left_out``)."""
+    offloaded = offloaded or set()
+    t = table.copy()
+    t.loc[t["case"].isin(offloaded), "group"] = "offloaded"
+    rows = []
+    for (set_name, group), part in t.groupby(["set", "group"], sort=True):
+        used = part[(part["verdict"] == "compared") & np.isfinite(part["error_pct"])]
+        worst = used.loc[used["error_pct"].abs().idxmax()] if len(used) else None
+        rows.append({
+            "set": set_name, "group": group, "compared": len(used), "left_out": len(part) - len(used),
+            "mape_pct": float(used["error_pct"].abs().mean()) if len(used) else math.nan,
+            "mean_signed_pct": float(used["error_pct"].mean()) if len(used) else math.nan,
+            "worst_case": "" if worst is None else f"{worst['case']} ({worst['metric']})",
+            "worst_pct": math.nan if worst is None else float(worst["error_pct"]),
+        })  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,101 @@
+"""The serving-measurement suite (sim/study/serving_cases.py): every shipped case loads and rebuilds as a scenario,
+the fit/check split is what docs/sources.md §11 says, and the metrics follow the benchmark tools' definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.config import load_scenario
+from sim.study import serving_cases as sc
+
+
+@pytest.fixture(scope="module")
+def suite() -> list[sc.ServingCase]:
+    return sc.load_suite()
+
+
+def test_the_suite_is_large_and_covers_cards_models_tp_and_contexts(suite):
+    modelled = [c for c in suite if not c.not_modelled]
+    assert len(suite) >= 30 and len(modelled) >= 25
+    assert len({c.setup.hardware for c in modelled}) >= 4
+    assert len({c.setup.model for c in modelled}) >= 5
+    assert {c.setup.tp_size for c in modelled} >= {1, 2, 4, 8}
+    contexts = [c.setup.input_tokens for c in modelled]
+    assert min(contexts) <= 1024 and max(contexts) >= 32000
+    assert any(c.setup.model.startswith("qwen3-235b") or "30b-a3b" in c.setup.model for c in modelled)  # MoE
+    assert sum(c.offloaded for c in suite) >= 5
+
+
+def test_fit_is_at_most_60_percent_and_every_case_is_in_one_set(suite):
+    modelled = [c for c in suite if not c.not_modelled]
+    fit = [c for c in modelled if c.set == "fit"]
+    assert 0 < len(fit) <= 0.6 * len(modelled)
+    assert all(c.set == "check" for c in suite if c.not_modelled)  # never fitted, reported as not modelled
+    cards_in_both = {c.setup.hardware for c in fit} & {c.setup.hardware for c in modelled if c.set == "check"}
+    assert len(cards_in_both) >= 3
+
+
+def test_every_case_names_its_source_and_a_not_modelled_case_says_why(suite):
+    for c in suite:
+        assert c.source.url and c.source.quote
+        if c.not_modelled:
+            assert len(c.not_modelled) > 20
+
+
+def test_every_modelled_case_rebuilds_as_a_valid_scenario(suite):
+    for c in suite:
+        if c.not_modelled:
+            continue
+        scn = load_scenario("default", sc.case_overrides(c))
+        assert scn.model.name == c.setup.model and scn.serving.tp_size == c.setup.tp_size
+        assert scn.workload.synthetic.num_requests == c.setup.num_requests
+        assert scn.serving.mixed_prefill == (c.setup.prefill == "mixed")
+
+
+def test_a_case_file_without_metrics_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    text = (sc.serving_cases_dir() / f"{sc.serving_case_names()[0]}.yaml").read_text()
+    data = __import__("yaml").safe_load(text)
+    data["measured"] = {}
+    path.write_text(__import__("yaml").safe_dump(data))
+    with pytest.raises(sc.ServingCaseError, match="measured: no metric given"):
+        sc.load_serving_case(path)
+
+
+def test_weighted_median_and_mean_pool_tokens_by_batch():
+    values, weights = np.array([1.0, 10.0]), np.array([9.0, 1.0])
+    assert sc._stat(values, weights, "median") == 1.0
+    assert sc._stat(values, weights, "mean") == pytest.approx(1.9)
+    assert sc._stat(values, None, "median") == pytest.approx(5.5)
+
+
+def test_token_gaps_include_the_prefill_between_two_decode_steps():
+    steps = pd.DataFrame({
+        "phase": ["decode", "prefill", "decode", "decode"], "start_s": [0.0, 0.01, 0.21, 0.22],
+        "duration_s": [0.01, 0.2, 0.01, 0.01], "batch_size": [2, 1, 3, 3],
+    })  # fmt: skip
+    gaps, weights = sc._token_gaps(steps)
+    assert gaps == pytest.approx([0.21, 0.01]) and list(weights) == [3.0, 3.0]
+
+
+def test_a_static_batch_case_is_simulated_and_compared():
+    case = next(c for c in sc.load_suite() if c.name == "trtllm061_a100_llama2_7b_fp16_tp1_bs60_128_2048")
+    (row,) = sc.run_serving_case(case)
+    assert row["verdict"] == "compared" and np.isfinite(row["simulated"]) and row["simulated"] > 0
+    assert row["error_pct"] == pytest.approx((row["simulated"] - row["measured"]) / row["measured"] * 100)
+
+
+def test_the_report_leaves_out_not_modelled_and_by_construction_rows():
+    cols = ["case", "metric", "error_pct", "verdict"]
+    rows = pd.DataFrame(
+        [("a", "tpot_ms", 10.0, "compared"), ("b", "itl_ms", -30.0, "compared"),
+         ("c", "tpot_ms", 90.0, "by_construction"), ("d", "tpot_ms", np.nan, "not_modelled")],
+        columns=cols,
+    ).assign(set="check", group="per_token")  # fmt: skip
+    report = sc.suite_report(rows).set_index("group")
+    assert report.loc["per_token", "compared"] == 2 and report.loc["per_token", "left_out"] == 2
+    assert report.loc["per_token", "mape_pct"] == pytest.approx(20.0)
+    assert report.loc["per_token", "mean_signed_pct"] == pytest.approx(-10.0)
+    assert report.loc["per_token", "worst_case"].startswith("b")
