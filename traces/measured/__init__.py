@@ -1,0 +1,161 @@
+"""Readers for real serving-benchmark outputs, so a simulated run can be compared with a measured one.
+
+Every reader returns a `MeasuredRun` (`traces.measured.schema`): a per-request table (`request_id`,
+`prompt_tokens`, `output_tokens`, `arrival_s`, `ttft_s`, `e2e_s`, `itl_s`, `tpot_s`, `success`) plus the run's
+settings (`tool`, `request_rate`, `max_concurrency`, `duration_s`, `model`, `backend`, `num_prompts`, `summary`,
+`source_path`, `notes`) and the derived `load`.
+
+Formats (`fmt`), each a module with its reader:
+
+- `sglang_bench_serving`: `python -m sglang.bench_serving --output-file F --output-details` (JSONL, one line per
+  run) -> `read_sglang_bench_serving(path, run_index=-1)` (`sglang.py`);
+- `vllm_bench_serve`: `vllm bench serve --save-result --save-detailed` (JSON) ->
+  `read_vllm_bench_serve(path, run_index=-1)` (`vllm_bench.py`);
+- `guidellm`: guidellm's benchmarks report JSON -> `read_guidellm(path, benchmark_index=0)` (`guidellm.py`);
+- `inference_perf`: inference-perf's `per_request_lifecycle_metrics.json` -> `read_inference_perf(path)`
+  (`inference_perf.py`);
+- `vllm_otel_spans`: vLLM "llm_request" OpenTelemetry spans, one JSON per line -> `read_vllm_otel_spans(path)`
+  (`vllm_spans.py`).
+
+`read_measured(path, fmt="auto", **kw)` dispatches (`detect_measured_format` looks at the content's keys, never
+the file name); `write_measured(run, path, fmt)` writes formats `sglang_bench_serving` and `vllm_bench_serve`.
+Errors are `MeasuredFormatError` (a `ValueError`), one line naming file, format, field and expectation.
+
+A leaf package: standard library, numpy and pandas only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from traces.measured import guidellm, inference_perf, sglang, vllm_bench, vllm_spans
+from traces.measured.guidellm import read_guidellm
+from traces.measured.inference_perf import read_inference_perf
+from traces.measured.schema import (
+    LOADS,
+    MEASURED_COLUMNS,
+    MeasuredFormatError,
+    MeasuredRun,
+    build_requests,
+    parse_json_documents,
+    read_text,
+)
+from traces.measured.sglang import read_sglang_bench_serving, write_sglang_bench_serving
+from traces.measured.vllm_bench import read_vllm_bench_serve, write_vllm_bench_serve
+from traces.measured.vllm_spans import read_vllm_otel_spans
+
+MEASURED_FORMATS: tuple[str, ...] = (
+    sglang.TOOL,
+    vllm_bench.TOOL,
+    guidellm.TOOL,
+    inference_perf.TOOL,
+    vllm_spans.TOOL,
+)
+WRITABLE_FORMATS: tuple[str, ...] = (sglang.TOOL, vllm_bench.TOOL)
+
+_READERS = {
+    sglang.TOOL: read_sglang_bench_serving,
+    vllm_bench.TOOL: read_vllm_bench_serve,
+    guidellm.TOOL: read_guidellm,
+    inference_perf.TOOL: read_inference_perf,
+    vllm_spans.TOOL: read_vllm_otel_spans,
+}
+
+
+def detect_measured_format(path: str | Path) -> str:
+    """Name the format of a measured-run file from its content (keys of its first JSON document or line).
+
+    Rules, in order: a list of objects with `start_time`/`end_time`/`info` -> "inference_perf"; an object with a
+    `benchmarks` list -> "guidellm"; a bench result object (`input_lens`, or `duration` and `completed`) with an
+    SGLang-only key
+    (`total_output_tokens_retokenized`, `mean_e2e_latency_ms`, `input_throughput`, `dataset_name`) ->
+    "sglang_bench_serving"; with a vLLM-only key (`model_id`, `endpoint_type`, `failed`,
+    `burstiness`, `mean_e2el_ms`, `max_concurrent_requests`) -> "vllm_bench_serve"; a span with `gen_ai.*`
+    attributes or an OTLP `resourceSpans` object -> "vllm_otel_spans".
+
+    Raises:
+        MeasuredFormatError: unreadable or non-JSON file, or content matching no rule (the message lists the
+            keys found and the formats known).
+    """
+    desc = "a measured-run file"
+    source = str(path)
+    documents = parse_json_documents(read_text(path, desc), source, desc)
+    first = documents[0][1]
+    if inference_perf.looks_like(first):
+        return inference_perf.TOOL
+    if guidellm.looks_like(first):
+        return guidellm.TOOL
+    if sglang.looks_like(first):
+        return sglang.TOOL
+    if vllm_bench.looks_like(first):
+        return vllm_bench.TOOL
+    if vllm_spans.looks_like(first):
+        return vllm_spans.TOOL
+    if isinstance(first, dict) and "input_lens" in first:
+        raise MeasuredFormatError(
+            f"{source}: cannot tell SGLang bench_serving from vllm bench serve output (neither tool's marker keys "
+            f"present); pass fmt='{sglang.TOOL}' or fmt='{vllm_bench.TOOL}'"
+        )
+    keys = sorted(first)[:12] if isinstance(first, dict) else type(first).__name__
+    raise MeasuredFormatError(
+        f"{source}: not a known measured-run format (found {keys}); expected one of {list(MEASURED_FORMATS)}"
+    )
+
+
+def read_measured(path: str | Path, fmt: str = "auto", **kwargs: Any) -> MeasuredRun:
+    """Read a serving-benchmark output into a MeasuredRun.
+
+    Args:
+        path: the file.
+        fmt: one of `MEASURED_FORMATS`, or "auto" (`detect_measured_format`).
+        **kwargs: passed to the reader (`run_index` for sglang_bench_serving / vllm_bench_serve,
+            `benchmark_index` for guidellm, `use_server_usage` for inference_perf).
+
+    Raises:
+        MeasuredFormatError: see the readers; also an unknown `fmt`.
+        TypeError: a keyword the chosen reader does not take.
+    """
+    name = detect_measured_format(path) if fmt == "auto" else fmt
+    if name not in _READERS:
+        raise MeasuredFormatError(
+            f"{path}: unknown measured format {fmt!r}; expected 'auto' or one of {list(MEASURED_FORMATS)}"
+        )
+    return _READERS[name](path, **kwargs)
+
+
+def write_measured(run: MeasuredRun, path: str | Path, fmt: str) -> Path:
+    """Write `run` in a real tool's format ("sglang_bench_serving" or "vllm_bench_serve") so it reads back.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: `fmt` is not one of `WRITABLE_FORMATS`, or `run.requests` lacks a column.
+    """
+    if fmt == sglang.TOOL:
+        return write_sglang_bench_serving(run, path)
+    if fmt == vllm_bench.TOOL:
+        return write_vllm_bench_serve(run, path)
+    raise ValueError(f"write_measured: fmt must be one of {list(WRITABLE_FORMATS)}, got {fmt!r}")
+
+
+__all__ = [
+    "LOADS",
+    "MEASURED_COLUMNS",
+    "MEASURED_FORMATS",
+    "WRITABLE_FORMATS",
+    "MeasuredFormatError",
+    "MeasuredRun",
+    "build_requests",
+    "detect_measured_format",
+    "read_guidellm",
+    "read_inference_perf",
+    "read_measured",
+    "read_sglang_bench_serving",
+    "read_vllm_bench_serve",
+    "read_vllm_otel_spans",
+    "write_measured",
+    "write_sglang_bench_serving",
+    "write_vllm_bench_serve",
+]
