@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from plots.style import new_figure, policies_in_order, policy_styles, require_columns
+from plots.style import cdf_points, new_figure, policies_in_order, policy_styles, require_columns
 
 
 def validation_steps(steps: pd.DataFrame) -> Figure:
@@ -90,4 +90,30 @@ def serving_scatter(rows: pd.DataFrame, band_pct: float = 10.0) -> Figure:
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Serving suite: simulated vs measured on real GPUs (scenarios/cases/serving)", fontsize=11)
+    return fig
+
+
+def measured_cdfs(per_request: pd.DataFrame) -> Figure:
+    """CDFs of TTFT and TPOT per request, a real server's benchmark run against its simulated replay
+    (`pulseinfer validate --measured`).
+
+    Args:
+        per_request: columns source ("measured" or "simulated"), ttft_ms, tpot_ms (one row per request and source).
+
+    Raises:
+        MissingData: if a column is missing or there are no rows.
+    """
+    require_columns(per_request, ["source", "ttft_ms", "tpot_ms"], "requests.csv")
+    fig, axes = new_figure(1, 2, width=10.0, height=3.8)
+    styles = {"measured": {"color": "black", "linestyle": "-"}, "simulated": {"color": "tab:orange", "linestyle": "--"}}
+    for ax, column, label in zip(axes, ("ttft_ms", "tpot_ms"), ("TTFT [ms]", "TPOT [ms]"), strict=True):
+        for source, style in styles.items():
+            values = per_request.loc[per_request["source"] == source, column].dropna().to_numpy(dtype=float)
+            if len(values):
+                x, y = cdf_points(values)
+                ax.plot(x, y, label=f"{source} (median {np.median(values):,.1f})", **style)
+        ax.set(xlabel=label, ylabel="fraction of requests", ylim=(0, 1.01))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Real server vs simulated replay, per request", fontsize=11)
     return fig

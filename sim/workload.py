@@ -1,4 +1,4 @@
-"""The workload a scenario describes: a trace (or seeded synthetic arrivals), then shaped.
+"""The workload a scenario describes: a trace (or seeded synthetic or ServeGen arrivals), then shaped.
 
 Open-loop traces are cut and rescaled by ``traces.shape_requests`` (window, ``max_requests``, time scale or
 target rate, prompt-length filter); a session trace comes back as a session table cut by
@@ -13,6 +13,7 @@ import pandas as pd
 
 import traces
 from sim.config import Scenario, ScenarioError, SessionsSpec
+from traces.servegen import servegen_requests
 
 
 def load_workload(scenario: Scenario) -> pd.DataFrame:
@@ -39,6 +40,8 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
                 df = df.assign(session_id=df["request_id"].astype(str), turn=0, think_time_s=0.0)
                 df.attrs["max_concurrency"] = s.max_concurrency
                 return df
+        elif w.servegen is not None:  # ServeGen's per-client arrivals (traces/servegen.py), own seeded stream
+            df = _servegen_table(scenario)
         else:
             columns = w.columns.model_dump() if w.columns is not None else None
             df = traces.load_trace(w.trace, w.format, columns=columns, week=w.week)
@@ -65,6 +68,24 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
         raise ScenarioError(f"workload.trace: {exc}") from None
     except ValueError as exc:
         raise ScenarioError(f"workload: {exc}") from None
+
+
+def _servegen_table(scenario: Scenario) -> pd.DataFrame:
+    """The request table of ``workload.servegen``; its errors name workload.servegen (or its ``lengths``)."""
+    g = scenario.workload.servegen
+    lengths_from = None
+    if g.lengths != "servegen":
+        try:
+            lengths_from = traces.load_trace(g.lengths)
+        except ValueError as exc:
+            raise ScenarioError(f"workload.servegen.lengths: {exc} (or 'servegen')") from None
+    rng = np.random.default_rng([scenario.seed, 0x5E6E])
+    try:
+        return servegen_requests(
+            g.slice, g.target_rate_per_s, g.duration_s, rng, start_s=g.start_s, lengths_from=lengths_from
+        )
+    except ValueError as exc:  # TraceError included
+        raise ScenarioError(f"workload.servegen: {exc}") from None
 
 
 def _shape_sessions(scenario: Scenario, df: pd.DataFrame) -> pd.DataFrame:

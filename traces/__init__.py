@@ -11,6 +11,9 @@ arrival.
   flagged), `read_kvcache_tester` (agentic sessions -> a session table), `read_csv_trace` / `read_jsonl_trace`
   (any CSV/JSONL through a `ColumnMap`).
 - `synthetic_requests`: Poisson arrivals + lognormal lengths from an explicit `np.random.Generator`.
+- `traces.servegen` (import the module; not re-exported here): `read_servegen` / `servegen_requests`, ServeGen's
+  per-client rate windows and length distributions (a slice folder; `SHIPPED_SERVEGEN_SLICES`) -> a request
+  table at a target rate (`lengths_from=` another table).
 - `shape_requests`: window, prompt-length filter, max rows, rebase to 0 s, time scale / target rate;
   `shape_sessions`: the same role for session tables (max sessions, prompt filter, think-time cap).
 - `trace_stats`: the summary numbers of `traces/data/README.md`; `trace_notes`: what reading and shaping did.
@@ -34,6 +37,7 @@ from traces.registry import (
     trace_stats,
 )
 from traces.schema import REQUEST_COLUMNS, SESSION_COLUMNS, TraceError, is_session_table
+from traces.servegen import SHIPPED_SERVEGEN_SLICES, ServeGenSlice, read_servegen, servegen_requests
 from traces.shape import shape_requests, shape_sessions
 from traces.synthetic import synthetic_requests
 
@@ -41,8 +45,10 @@ __all__ = [
     "FORMATS",
     "REQUEST_COLUMNS",
     "SESSION_COLUMNS",
+    "SHIPPED_SERVEGEN_SLICES",
     "SHIPPED_TRACES",
     "ColumnMap",
+    "ServeGenSlice",
     "TraceError",
     "detect_format",
     "is_session_table",
@@ -54,7 +60,9 @@ __all__ = [
     "read_kvcache_tester",
     "read_mooncake",
     "read_ragpulse",
+    "read_servegen",
     "resolve_trace",
+    "servegen_requests",
     "shape_requests",
     "shape_sessions",
     "synthetic_requests",

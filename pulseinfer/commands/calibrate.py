@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list, resolve_device
+from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
@@ -41,7 +41,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, KV and block choice")
-    what = p.add_subparsers(dest="what", metavar="[selection]")
+    p.add_argument(
+        "--from-measured",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="instead of the engine: fit the compute model to your server's benchmark outputs (FILE ... [SCENARIO]; "
+        "formats as `validate --measured`), holding out the last file (or 40 %% of one file's requests); writes "
+        "OUT/profile.yaml for `--set profile=OUT/profile.yaml` (no torch)",
+    )
+    add_overrides(p, "serving.prefill=colocated")
+    p.add_argument("--trials", dest="fit_trials", type=int, default=60, help="--from-measured: Optuna trials (60)")
+    p.add_argument("--policy", default="sglang", help="--from-measured: the policy the server ran (default sglang)")
+    p.add_argument("--force", action="store_true", help="--from-measured: write the profile even if held-out > 20 %%")
+    what = p.add_subparsers(dest="what", metavar="[selection|serving]")
     sel = what.add_parser(
         "selection",
         help="selection statistics of a real model (SmolLM2-135M) into the profile's recall_stats",
@@ -81,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_selection(args)
     if args.what == "serving":
         return _run_serving(args)
+    if args.from_measured is not None:
+        return _run_from_measured(args)
     torch = import_torch()
     device = resolve_device(args.device, torch)
     check_out_folder(args.out, "calibrate")
@@ -264,4 +279,74 @@ def _run_serving(args: argparse.Namespace) -> int:
     print("\nboth sets with the fitted values (not modelled and by-construction rows left out):")
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\nwrote {out}/fit.yaml, a profile per card, serving.csv, serving_report.csv, plots/serving_scatter.png")
+    return 0
+
+
+def _run_from_measured(args: argparse.Namespace) -> int:
+    """``calibrate --from-measured FILE ... [SCENARIO]``: fit, hold out, write the profile (or refuse)."""
+    import yaml
+
+    from sim.config.loader import resolve_scenario_path
+    from sim.study.measured import measured_scenario
+    from sim.study.measured_fit import FITTED, MAX_HELD_OUT_ERROR_PCT, fit_measured
+    from traces.measured import read_measured
+
+    items = list(args.from_measured)
+    scenario = None
+    if items and (items[-1].endswith((".yaml", ".yml")) or not Path(items[-1]).is_file()):
+        scenario = items.pop()  # the last item names the scenario
+        with usage_errors("SCENARIO: "):
+            resolve_scenario_path(scenario)
+    if not items:
+        raise UsageError("--from-measured: give at least one benchmark output file")
+    for item in items:
+        if not Path(item).is_file():
+            raise UsageError(f"--from-measured {item}: no such file")
+    if args.fit_trials < 1:
+        raise UsageError(f"--trials {args.fit_trials}: must be >= 1")
+    out = args.out
+    check_out_folder(out, "calibrate")
+    started = time.perf_counter()
+    with usage_errors():
+        runs = [read_measured(item) for item in items]
+        scn = measured_scenario(scenario, args.overrides, args.policy)
+    with Bar(args.fit_trials, "fit", "trial") as bar:
+
+        def on_trial(i: int, best: float) -> None:
+            bar.note(f"best loss {best:.4f}")
+            bar.advance()
+
+        with usage_errors():
+            fit = fit_measured(runs, scn, args.fit_trials, args.seed, on_trial)
+    refused = fit.held_out_error_pct > MAX_HELD_OUT_ERROR_PCT and not args.force
+    with results_folder(out, command="calibrate") as stage:
+        import pandas as pd
+
+        frames = [t.reset_index().assign(run=name) for name, t in fit.tables.items()]
+        pd.concat(frames, ignore_index=True).to_csv(stage / "fit_validation.csv", index=False)
+        if not refused:
+            hardware = {**scn.hardware.model_dump(mode="json"), **fit.params, "measured": True}
+            profile = {
+                "name": f"{scn.hardware.name}-from-measured",
+                "source": "pulseinfer calibrate --from-measured " + " ".join(items),
+                "metadata": {
+                    "files": ", ".join(items), "card": scn.hardware.name, "model": scn.model.name,
+                    "tp_size": scn.serving.tp_size, "prefill": scn.serving.prefill, "policy": args.policy,
+                    "fitted": ", ".join(FITTED), "fit_error_pct": round(fit.fit_error_pct, 2),
+                    "held_out_error_pct": round(fit.held_out_error_pct, 2), "held_out": "; ".join(fit.held_out),
+                    "trials": args.fit_trials, "seed": args.seed, "date": time.strftime("%Y-%m-%d"),
+                },
+                "hardware": hardware,
+            }  # fmt: skip
+            (stage / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    print(f"\nfitted {', '.join(FITTED)} to {len(items)} file(s) in {time.perf_counter() - started:.0f} s:")
+    for name, value in fit.params.items():
+        print(f"  {name:28s} {value:g} (card: {getattr(scn.hardware, name):g})")
+    print(f"error (mean |%| over TPOT, TTFT, ITL p50, E2E, throughput): fit {fit.fit_error_pct:.1f} %, "
+          f"held out ({fit.held_out[0]}) {fit.held_out_error_pct:.1f} %")  # fmt: skip
+    if refused:
+        print(f"error: held-out error {fit.held_out_error_pct:.1f} % > {MAX_HELD_OUT_ERROR_PCT:g} %: profile.yaml not "
+              f"written (see {out}/fit_validation.csv; --force writes it anyway)", file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"\nwrote {out}/profile.yaml and fit_validation.csv; use it with --set profile={out}/profile.yaml")
     return 0

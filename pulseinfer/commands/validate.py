@@ -1,4 +1,5 @@
-"""``pulseinfer validate``: the engine's decode loop against the simulator on the same requests and profile."""
+"""``pulseinfer validate``: the engine's decode loop against the simulator on the same requests and profile; with
+``--measured FILE``, a real server's benchmark output against the simulator on the same load."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list, resolve_device
+from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
@@ -19,14 +20,31 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Decode a small workload (default: 8 requests, contexts 2K-16K tokens, 64-36 output tokens) "
         "with the real engine on the profile's model, simulate the same requests with the same policy and "
         "profile, and print the error of mean TPOT, p99 TPOT and decode throughput per policy. Writes "
-        "validation.csv, validation_steps.csv and validation_steps.png to --out. Needs torch.",
+        "validation.csv, validation_steps.csv and validation_steps.png to --out. Needs torch. "
+        "With --measured FILE instead (no torch): read a real server's benchmark output (SGLang bench_serving "
+        "--output-details JSONL, vllm bench serve --save-detailed JSON, guidellm report, inference-perf per-request "
+        "lifecycle metrics, vLLM request spans; traces/README.md), rebuild its load (lengths; send times, else the "
+        "recorded rate or concurrency), simulate it on SCENARIO's model, card, TP and serving mode with --set "
+        "overrides, and write validation.csv (metric, measured, simulated, error_pct: mean/p50/p99 TTFT, TPOT, ITL, "
+        "E2E, throughput), requests.csv and CDF overlays of TTFT and TPOT.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
-        "--profile", required=True, help="profile.yaml, a `pulseinfer calibrate --out` folder or a shipped profile"
+        "scenario", nargs="?", default=None, help="with --measured: scenario name or YAML (default: default)"
     )
     p.add_argument(
-        "--policy", default="sglang,pulseinfer", help="policies, comma-separated (sglang, pulseinfer, headwise)"
+        "--profile", default=None, help="profile.yaml, a `pulseinfer calibrate --out` folder or a shipped profile"
+    )
+    p.add_argument("--measured", type=Path, default=None, metavar="FILE", help="a real server's benchmark output")
+    p.add_argument(
+        "--format", dest="measured_format", default="auto", help="with --measured: the file's format (default auto)"
+    )
+    add_overrides(p, "serving.prefill=colocated")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="policies, comma-separated (sglang, pulseinfer, headwise); default sglang,pulseinfer, or with "
+        "--measured the one policy to replay on (default sglang)",
     )
     p.add_argument(
         "--contexts", default=None, help="context tokens per request, comma-separated (default 2048,...,16384)"
@@ -44,6 +62,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     check_seed(args.seed)
+    if args.measured is not None:
+        return _run_measured(args)
+    if args.profile is None:
+        raise UsageError("--profile: required to validate against the engine (or give --measured FILE)")
+    if args.scenario is not None or args.overrides:
+        raise UsageError("SCENARIO and --set: only with --measured FILE (the engine runs the profile's own model)")
+    args.policy = args.policy or "sglang,pulseinfer"
     torch = import_torch()
     from calibrate.validate import prepare, speed_drift, validate
     from sim.config.profiles import load_profile
@@ -116,3 +141,54 @@ def _write(out: Path, table, steps) -> None:
     table.to_csv(out / "validation.csv", index=False)
     steps.to_csv(out / "validation_steps.csv", index=False)
     validation_steps(steps).savefig(out / "validation_steps.png", dpi=120)
+
+
+def _run_measured(args: argparse.Namespace) -> int:
+    """``validate --measured FILE``: replay a real server's benchmark run in the simulator and compare."""
+    from sim.study.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
+    from traces.measured import read_measured
+
+    if not args.measured.is_file():
+        raise UsageError(f"--measured {args.measured}: no such file")
+    policy = args.policy or "sglang"
+    if "," in policy:
+        raise UsageError(f"--policy {policy!r}: --measured replays one policy; give one name")
+    check_out_folder(args.out, "validate")
+    started = time.perf_counter()
+    with usage_errors():  # a file that is not what it claims, a bad override, a model that does not fit: one line
+        run = read_measured(args.measured, args.measured_format)
+        scenario = measured_scenario(args.scenario, args.overrides, policy)
+        result, workload, notes = simulate_measured(run, scenario, args.seed)
+    simulated = measured_from_result(result, workload)
+    table = validation_table(run, simulated)
+    with results_folder(args.out, command="validate") as stage:
+        table.to_csv(stage / "validation.csv", index=False)
+        per_request = _per_request(run, simulated)
+        per_request.to_csv(stage / "requests.csv", index=False)
+        from plots.validation import measured_cdfs
+
+        measured_cdfs(per_request).savefig(stage / "validation_cdfs.png", dpi=120)
+    m, hw = scenario.model, scenario.hardware
+    print(
+        f"\n{args.measured.name} ({run.tool}, {len(run.requests)} requests, load {run.load}) replayed on {m.name} / "
+        f"{hw.name} x{scenario.serving.tp_size}, prefill {scenario.serving.prefill}, policy {policy}: "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+    for note in notes:
+        print(f"note: {note}")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
+    print(f"\nwrote {args.out}/validation.csv, requests.csv and validation_cdfs.png")
+    return 0
+
+
+def _per_request(measured, simulated):
+    """One row per request and source (measured, simulated): TTFT and TPOT in ms (the figure's input)."""
+    import pandas as pd
+
+    frames = []
+    for source, run in (("measured", measured), ("simulated", simulated)):
+        req = run.requests[run.requests["success"]]
+        frames.append(pd.DataFrame({"source": source, "request_id": req["request_id"].to_numpy(),
+                                    "ttft_ms": req["ttft_s"].to_numpy() * 1e3,
+                                    "tpot_ms": req["tpot_s"].to_numpy() * 1e3}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)

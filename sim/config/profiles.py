@@ -18,7 +18,8 @@ A scenario names it with ``profile: PATH_OR_NAME``. :func:`apply_profile` then f
 every section the scenario leaves out: ``hardware`` (so a profile replaces a datasheet card), ``model``
 (the model the compute was measured on) and ``recall_stats``. A scenario that gives its own ``hardware``
 (not null) as well as a profile with hardware is refused (one of the two would be ignored silently otherwise),
-unless the two are identical (a ``scenario.yaml`` written by a run). The simulator then takes link
+unless the two are identical (a ``scenario.yaml`` written by a run) or the scenario names the card the profile was
+calibrated for (its hardware carries that name), which the profile then replaces. The simulator then takes link
 times and gather cost from the profile's hardware, per-layer compute and the LM head from
 ``compute`` (sim/step/compute.py; a profile measured on a few layers of the scenario's model applies to the whole
 model, since compute is per layer), selection cost from ``selection`` (sim/policies/offload.py) and the
@@ -129,7 +130,8 @@ def apply_profile(raw: dict[str, Any], base_dir: Path | None = None) -> dict[str
 
     Raises:
         ProfileError: the profile cannot be read, or the scenario gives a hardware card as well as a
-            profile with different hardware.
+            profile with different hardware (a profile whose hardware carries the name of the scenario's card
+            replaces that card: ``pulseinfer calibrate serving`` and ``--from-measured`` write such profiles).
     """
     ref = raw.get("profile")
     if ref is None:
@@ -146,6 +148,8 @@ def apply_profile(raw: dict[str, Any], base_dir: Path | None = None) -> dict[str
             continue
         if raw.get(section) is None:
             raw[section] = value
+        elif section == "hardware" and raw[section] == value.get("name"):
+            raw[section] = value  # a profile calibrated for the named card replaces its datasheet figures
         elif section == "hardware" and raw[section] != value:
             given = raw[section] if isinstance(raw[section], str) else "an inline card"
             raise ProfileError(

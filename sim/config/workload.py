@@ -3,6 +3,7 @@ trace is replayed closed loop."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -58,9 +59,36 @@ class SyntheticSpec(Spec):
         return num_requests
 
 
+class ServeGenSpec(Spec):
+    """Arrivals generated from a ServeGen slice (``traces.servegen``): per-client rate windows split a target
+    rate, each client's gaps drawn from its window's fitted Gamma/Weibull, lengths from its own distributions.
+
+    ``slice`` is a shipped slice name (``traces.SHIPPED_SERVEGEN_SLICES``) or a folder of ServeGen
+    ``chunk-N-trace.csv`` / ``chunk-N-dataset.json`` files; ``start_s`` is where the generated stretch starts on
+    ServeGen's clock (the shipped slice spans 14 days, 1,209,600 s); ``lengths`` is ``servegen`` (each client's
+    own length distributions) or a shipped trace name / trace path whose (prompt, output) pairs are drawn instead
+    (arrivals unchanged). Seeded from the scenario's seed on its own stream.
+    """
+
+    slice: Annotated[str, Field(min_length=1)] = "language_m_large"
+    target_rate_per_s: PositiveFloat
+    duration_s: PositiveFloat
+    start_s: Annotated[float, Field(ge=0)] = 0.0
+    lengths: Annotated[str, Field(min_length=1)] = "servegen"
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> ServeGenSpec:
+        expected = self.target_rate_per_s * self.duration_s
+        problem = synthetic_size_problem(max(1, math.ceil(expected)))
+        if problem:
+            raise ValueError(f"target_rate_per_s x duration_s = {expected:.3g} requests: {problem}")
+        return self
+
+
 class WorkloadSpec(Spec):
     """Which requests arrive when. ``trace`` is a shipped trace name or a file path; ``synthetic``
-    generates Poisson arrivals instead (exactly one of the two).
+    generates Poisson arrivals instead, ``servegen`` ServeGen's per-client arrivals (exactly one of the three;
+    with ``synthetic`` or ``servegen`` set ``trace: null``).
 
     ``format`` picks the reader (``traces.FORMATS``; ``auto`` guesses from the name, extension and first
     line); ``csv`` and ``jsonl`` read any file through ``columns``. A session trace (``kvcache_tester``) is
@@ -74,6 +102,7 @@ class WorkloadSpec(Spec):
     week: PositiveInt | None = None  # RAGPulse: which week of a multi-week file (each week has its own clock)
     sessions: SessionsSpec | None = None  # closed-loop replay of a session trace
     synthetic: SyntheticSpec | None = None
+    servegen: ServeGenSpec | None = None
     start_s: Annotated[float, Field(ge=0)] | None = None  # window on the trace's own clock
     end_s: PositiveFloat | None = None
     max_requests: PositiveInt | None = None
@@ -84,7 +113,9 @@ class WorkloadSpec(Spec):
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadSpec:
-        if (self.trace is None) == (self.synthetic is None):
+        if self.servegen is not None:
+            self._servegen_alone()
+        elif (self.trace is None) == (self.synthetic is None):
             raise ValueError("give exactly one of workload.trace and workload.synthetic")
         if self.target_rate_per_s is not None and self.time_scale != 1.0:
             raise ValueError(
@@ -101,3 +132,29 @@ class WorkloadSpec(Spec):
         if self.synthetic is not None and (self.sessions is not None or self.columns is not None):
             raise ValueError("workload.sessions and workload.columns apply to a trace, not to workload.synthetic")
         return self
+
+    def _servegen_alone(self) -> None:
+        """workload.servegen excludes the other sources and the trace-only keys (one line naming them)."""
+        others = [key for key, value in (("trace", self.trace), ("synthetic", self.synthetic)) if value is not None]
+        if others:
+            extra = f" (trace is {self.trace!r}, set workload.trace: null)" if self.trace is not None else ""
+            raise ValueError(
+                f"give one of workload.trace, workload.synthetic and workload.servegen, not "
+                f"{' and '.join(f'workload.{k}' for k in [*others, 'servegen'])}{extra}"
+            )
+        trace_only = {
+            "format": None if self.format == "auto" else self.format,
+            "columns": self.columns,
+            "week": self.week,
+            "sessions": self.sessions,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "time_scale": None if self.time_scale == 1.0 else self.time_scale,
+            "target_rate_per_s": self.target_rate_per_s,
+        }
+        given = [key for key, value in trace_only.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"workload.{given[0]} ({trace_only[given[0]]}) applies to a trace, not to workload.servegen; use "
+                "workload.servegen.target_rate_per_s, .start_s and .duration_s (and set workload.time_scale: 1)"
+            )

@@ -178,6 +178,8 @@ def _clock_reach(scenario: Scenario, workload: pd.DataFrame) -> tuple[str, float
     clock_s = float(workload["arrival_s"].max()) if len(workload) else 0.0
     if w.synthetic is not None:
         return "workload.synthetic.rate_per_s", w.synthetic.rate_per_s, clock_s, "down"
+    if w.servegen is not None:
+        return "workload.servegen.target_rate_per_s", w.servegen.target_rate_per_s, clock_s, "down"
     if w.target_rate_per_s is not None:
         return "workload.target_rate_per_s", w.target_rate_per_s, clock_s, "down"
     return "workload.time_scale", w.time_scale, clock_s, "up"

@@ -1,0 +1,122 @@
+"""Bring your own measurements (sim/study/measured.py, measured_fit.py; `validate --measured`, `calibrate
+--from-measured`): a round trip through the real formats, and a known truth the calibration must recover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pulseinfer.cli import main
+from sim.run import simulate_policy
+from sim.study.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
+from sim.study.measured_fit import fit_measured, run_error
+from sim.workload import load_workload
+from traces.measured import read_measured, write_measured
+
+FIXTURES = Path(__file__).resolve().parents[2] / "traces" / "fixtures" / "measured"
+CARD = ["serving.prefill=colocated", "model=llama-3.1-8b", "hardware=h100-sxm"]
+# the "real" server: an H100 whose figures differ from the shipped card's
+TRUE = ["hardware.hbm_efficiency=0.7", "hardware.decode_step_overhead_us=2500", "hardware.prefill_mfu=0.4"]
+GEN = ["workload.trace=null", "workload.time_scale=1", "workload.synthetic.prompt_tokens_cv=0.3",
+       "workload.synthetic.output_tokens_cv=0.3"]  # fmt: skip
+
+
+def _simulated_file(folder: Path, name: str, fmt: str, *settings: str, rate: float = 3.0, n: int = 40) -> Path:
+    scn = measured_scenario("default", [*CARD, *GEN, *settings, f"workload.synthetic.num_requests={n}",
+                                        f"workload.synthetic.rate_per_s={rate}"], "sglang")  # fmt: skip
+    workload = load_workload(scn)
+    run = measured_from_result(simulate_policy(scn, workload, "sglang"), workload)
+    return write_measured(run, folder / name, fmt)
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("truth")
+    prompt, output = "workload.synthetic.prompt_tokens_mean", "workload.synthetic.output_tokens_mean"
+    shapes = [(f"{prompt}=2000", f"{output}=150", "seed=0"), (f"{prompt}=1000", f"{output}=200", "seed=1")]
+    return [_simulated_file(folder, f"run{i}.json", "vllm_bench_serve", *TRUE, *s) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("vllm_bench_serve", "run.json"), ("sglang_bench_serving", "run.jsonl")])
+def test_a_simulated_run_written_in_a_real_format_validates_at_zero_error(tmp_path, fmt, name):
+    # vLLM records send times (replayed as they are); SGLang does not, so its run is sent all at once (arrivals 0)
+    shape = ("workload.synthetic.prompt_tokens_mean=1500", "workload.synthetic.output_tokens_mean=100")
+    scn = measured_scenario("default", [*CARD, *GEN, *shape, "workload.synthetic.num_requests=30",
+                                        "workload.synthetic.rate_per_s=3"], "sglang")  # fmt: skip
+    workload = load_workload(scn)
+    if fmt == "sglang_bench_serving":
+        workload = workload.assign(arrival_s=0.0)
+    run = measured_from_result(simulate_policy(scn, workload, "sglang"), workload)
+    path = write_measured(run, tmp_path / name, fmt)
+    back = read_measured(path)
+    result, replayed, _ = simulate_measured(back, measured_scenario("default", CARD, "sglang"))
+    table = validation_table(back, measured_from_result(result, replayed))
+    compared = table.dropna(subset=["error_pct"])
+    assert len(compared) >= 12
+    assert compared["error_pct"].abs().max() < 1.0, compared
+
+
+def test_the_default_card_is_off_the_true_card_exact_and_a_fitted_profile_holds_out(truth):
+    runs = [read_measured(p) for p in truth]
+    card, true = measured_scenario("default", CARD, "sglang"), measured_scenario("default", [*CARD, *TRUE], "sglang")
+    for run in runs:
+        assert abs(run_error(run, card, {})[2].loc["tpot_mean_ms", "error_pct"]) > 10
+        assert run_error(run, true, {})[1] < 2
+    fit = fit_measured(runs, card, trials=30)
+    assert fit.held_out_error_pct < 5 and fit.fit_error_pct < 5
+    assert "run1.json" in fit.held_out[0]
+
+
+def test_calibrate_from_measured_writes_a_profile_that_validates_the_held_out_file(truth, tmp_path, capsys):
+    out = tmp_path / "cal"
+    sets = [a for s in CARD for a in ("--set", s)]
+    assert main(["calibrate", "--from-measured", str(truth[0]), "--trials", "30", *sets, "--out", str(out)]) == 0
+    profile = yaml.safe_load((out / "profile.yaml").read_text())
+    assert profile["metadata"]["card"] == "h100-sxm" and profile["hardware"]["name"] == "h100-sxm"
+    assert float(profile["metadata"]["held_out_error_pct"]) < 10  # the file's last 40 % of requests
+    val = tmp_path / "val"
+    assert main(["validate", "--measured", str(truth[1]), *sets, "--set", f"profile={out / 'profile.yaml'}",
+                 "--out", str(val)]) == 0  # fmt: skip
+    table = pd.read_csv(val / "validation.csv").set_index("metric")
+    assert abs(table.loc["tpot_mean_ms", "error_pct"]) < 5
+    assert (val / "validation_cdfs.png").is_file() and (val / "requests.csv").is_file()
+
+
+def test_a_profile_that_fails_its_held_out_file_is_refused_unless_forced(truth, tmp_path, capsys):
+    shape = ("workload.synthetic.prompt_tokens_mean=1000", "workload.synthetic.output_tokens_mean=100")
+    other = _simulated_file(
+        tmp_path, "other.json", "vllm_bench_serve", "hardware.decode_step_overhead_us=30000", *shape
+    )
+    sets = [a for s in CARD for a in ("--set", s)]
+    argv = ["calibrate", "--from-measured", str(truth[0]), str(other), "--trials", "10", *sets]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert "profile.yaml not written" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "profile.yaml").exists()
+    assert main([*argv, "--force", "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "profile.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sglang_bench_serving.jsonl", "vllm_bench_serve.json", "guidellm_report.json",
+     "inference_perf_per_request.json", "vllm_otel_spans.jsonl"],
+)  # fmt: skip
+def test_validate_measured_reads_every_format(name, tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(FIXTURES / name), "--set", "serving.prefill=colocated",
+                 "--set", "model=llama-3.1-8b", "--set", "hardware=h100-sxm", "--out", str(out)]) == 0  # fmt: skip
+    table = pd.read_csv(out / "validation.csv")
+    assert list(table.columns) == ["metric", "measured", "simulated", "error_pct"]
+    assert table.set_index("metric").loc["ttft_mean_ms", "simulated"] > 0
+
+
+def test_a_file_that_is_not_what_it_claims_is_one_line(tmp_path, capsys):
+    code = main(
+        ["validate", "--measured", str(FIXTURES / "broken_sglang_no_details.jsonl"), "--out", str(tmp_path / "v")]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "output-details" in err
+    assert not (tmp_path / "v").exists()
