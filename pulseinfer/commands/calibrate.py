@@ -300,6 +300,8 @@ def _run_from_measured(args: argparse.Namespace) -> int:
     if not items:
         raise UsageError("--from-measured: give at least one benchmark output file")
     for item in items:
+        if Path(item).is_dir():
+            raise UsageError(f"--from-measured {item}: is a folder; give the benchmark's result files")
         if not Path(item).is_file():
             raise UsageError(f"--from-measured {item}: no such file")
     if args.fit_trials < 1:

@@ -148,6 +148,8 @@ def _run_measured(args: argparse.Namespace) -> int:
     from sim.study.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
     from traces.measured import read_measured
 
+    if args.measured.is_dir():
+        raise UsageError(f"--measured {args.measured}: is a folder; give the benchmark's result file")
     if not args.measured.is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
     policy = args.policy or "sglang"

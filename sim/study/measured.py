@@ -11,8 +11,8 @@ rate (Poisson, seeded), the client's concurrency cap (a closed loop) or everythi
   successful requests;
 - ITL: every gap between a request's successive tokens, pooled over requests (mean, p50, p99); the simulator's token
   times are the ends of the decode steps between a request's first token and its finish (:func:`token_gaps`);
-- throughput: output tokens and requests over the run's duration (the tool's ``duration``; the simulation's first
-  arrival to last finish).
+- throughput: output tokens and requests of the successful requests over the time they took, first send to last
+  finish, on both sides (the tool's ``duration`` where the file records no send times).
 
 :func:`measured_from_result` turns a simulated run into a :class:`MeasuredRun` (so it can be written in a real format
 and read back: the round trip the tests check).
@@ -33,35 +33,58 @@ VALIDATION_COLUMNS = ["metric", "measured", "simulated", "error_pct"]
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = {"mean": None, "p50": 50.0, "p99": 99.0}
 POISSON_STREAM = 0x3EA5  # the replayed Poisson arrivals' own generator, beside the scenario's seed
+MAX_SPAN_S = 7 * 86400.0  # send times spread over more than a week are not one benchmark run
 
 
-def replay_workload(run: MeasuredRun, seed: int = 0) -> tuple[pd.DataFrame, list[str]]:
+def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = None) -> tuple[pd.DataFrame, list[str]]:
     """The request table that reproduces ``run``'s offered load, and notes on what was assumed.
 
     Args:
-        run: a measured run; requests with no output tokens (failed before any) are left out, with a note.
+        run: a measured run; failed requests and requests with no output tokens are left out, with a note (the
+            measured figures, :func:`run_metrics`, count successful requests only).
         seed: seed of the Poisson arrivals when the file records a rate but no send times.
+        max_seq_len: the scenario model's longest context; longer requests are left out, with a note.
 
     Returns:
         (request table: ``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens`` — plus the session
         columns and ``attrs["max_concurrency"]`` when the client capped its requests in flight — , notes).
 
     Raises:
-        ValueError: no request of the run produced a token.
+        ValueError: no request of the run succeeded with output tokens, every one is longer than ``max_seq_len``,
+            or the recorded send times span more than :data:`MAX_SPAN_S`.
     """
     req = run.requests
-    keep = req["output_tokens"] > 0
+    keep = req["success"].to_numpy(bool) & (req["output_tokens"].to_numpy() > 0)
     notes = list(run.notes)
     if not keep.all():
-        notes.append(f"{int((~keep).sum())} request(s) without output tokens left out of the replay")
+        notes.append(f"{int((~keep).sum())} failed request(s) or request(s) without output tokens left out of the "
+                     "replay and of the measured figures")  # fmt: skip
     req = req[keep].reset_index(drop=True)
     if not len(req):
-        raise ValueError(f"{run.source_path}: no request produced a token; nothing to replay")
+        raise ValueError(f"{run.source_path}: no request succeeded with output tokens; nothing to replay")
+    if max_seq_len is not None:
+        long = (req["prompt_tokens"] + req["output_tokens"]).to_numpy() > max_seq_len
+        if long.all():
+            i = int(np.argmax(long))
+            raise ValueError(
+                f"{run.source_path}: every request is longer than the model's max_seq_len {max_seq_len} (request {i}: "
+                f"{int(req['prompt_tokens'][i])} + {int(req['output_tokens'][i])} tokens); is the scenario's model "
+                "the server's?"
+            )
+        if long.any():
+            notes.append(f"{int(long.sum())} request(s) longer than the model's max_seq_len {max_seq_len} left out")
+            req = req[~long].reset_index(drop=True)
     n = len(req)
     load = run.load
     if load == "trace":
         arrival_s = req["arrival_s"].fillna(0.0).to_numpy(dtype=float)
         arrival_s = arrival_s - arrival_s.min()
+        if arrival_s.max() > MAX_SPAN_S:
+            i = int(np.argmax(arrival_s))
+            raise ValueError(
+                f"{run.source_path}: send times span {arrival_s.max():.3g} s (request {i} is sent last); more than "
+                f"{MAX_SPAN_S:.0f} s is not one benchmark run"
+            )
     elif load == "rate":
         rng = np.random.default_rng([seed, POISSON_STREAM])
         arrival_s = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0 / run.request_rate, n - 1))))
@@ -100,8 +123,14 @@ def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0):
     """
     from sim.run import simulate_policy
 
-    workload, notes = replay_workload(run, seed)
+    workload, notes = replay_workload(run, seed, scenario.model.max_seq_len)
     result = simulate_policy(scenario, workload, scenario.policies[0])
+    if not np.isfinite(result.requests["finish_s"].to_numpy(float)).any():
+        reasons = result.requests["unfinished_reason"].dropna().unique().tolist()
+        raise ValueError(
+            f"{run.source_path}: no replayed request finished in the simulation ({', '.join(map(str, reasons))}); "
+            "check the scenario's model, card and serving mode"
+        )
     return result, workload, notes
 
 
@@ -137,7 +166,8 @@ def measured_from_result(result, workload: pd.DataFrame, tool: str = "pulseinfer
         req["prompt_tokens"].to_numpy(), req["output_tokens"].to_numpy(), req["arrival_s"].to_numpy(), ttft, e2e,
         [g if k else None for g, k in zip(itl, ok, strict=True)], ok.tolist(),
     )  # fmt: skip
-    duration_s = float(np.nanmax(req["finish_s"]) - np.nanmin(req["arrival_s"]))
+    finished = req["finish_s"].to_numpy(float)
+    duration_s = float(np.nanmax(finished) - np.nanmin(req["arrival_s"])) if np.isfinite(finished).any() else math.nan
     cap = workload.attrs.get("max_concurrency")
     return MeasuredRun(table, tool, math.inf, cap, duration_s, None, "pulseinfer", len(table), {}, "<simulated>")
 
@@ -162,10 +192,20 @@ def run_metrics(run: MeasuredRun) -> dict[str, float]:
     for name in LATENCIES:
         for stat in STATS:
             out[f"{name}_{stat}_ms"] = _stat(columns[name], stat) * 1e3
-    duration = run.duration_s if run.duration_s and math.isfinite(run.duration_s) else math.nan
-    out["output_throughput_tok_s"] = float(req["output_tokens"].sum()) / duration
-    out["request_throughput_req_s"] = len(req) / duration
+    out["output_throughput_tok_s"] = float(req["output_tokens"].sum()) / _span_s(run, req)
+    out["request_throughput_req_s"] = len(req) / _span_s(run, req)
     return out
+
+
+def _span_s(run: MeasuredRun, req: pd.DataFrame) -> float:
+    """The time the successful requests took, first send to last finish, where send times and E2E are recorded
+    (both sides of a comparison measured the same way); else the tool's own ``duration``."""
+    ends = (req["arrival_s"] + req["e2e_s"]).to_numpy(float)
+    if len(req) and np.isfinite(ends).all() and req["arrival_s"].notna().all():
+        span = float(ends.max() - req["arrival_s"].min())
+        if span > 0:
+            return span
+    return run.duration_s if run.duration_s and math.isfinite(run.duration_s) and run.duration_s > 0 else math.nan
 
 
 def validation_table(measured: MeasuredRun, simulated: MeasuredRun) -> pd.DataFrame:

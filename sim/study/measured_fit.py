@@ -95,13 +95,18 @@ def fit_measured(
         ValueError: no run has a metric to fit (nothing measured, or nothing finished in simulation).
     """
     fit_runs, held_runs, held_words = split_runs(runs)
+    for run in [*fit_runs, *held_runs]:  # the card as it is: a run that cannot be replayed says why, here
+        run_error(run, scenario, {}, seed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True))
     study.enqueue_trial({k: getattr(scenario.hardware, k) for k in FITTED})  # the card as it is, first
     for i in range(trials):
         trial = study.ask()
         params = {k: trial.suggest_float(k, *FIT_PARAMETERS[k][:2], log=FIT_PARAMETERS[k][2]) for k in FITTED}
-        losses = [run_error(run, scenario, params, seed)[0] for run in fit_runs]
+        try:
+            losses = [run_error(run, scenario, params, seed)[0] for run in fit_runs]
+        except ValueError:  # nothing finished with these values
+            losses = [math.inf]
         loss = float(np.mean(losses)) if all(math.isfinite(x) for x in losses) else math.inf
         study.tell(trial, loss)
         if on_trial is not None:
@@ -115,5 +120,8 @@ def fit_measured(
             _, error, table = run_error(run, scenario, params, seed)
             errors.append(error)
             tables[f"{kind}:{run.source_path}"] = table
-    return MeasuredFit(params, study.best_value, float(np.mean(fit_errors)), float(np.mean(held_errors)),
-                       [held_words], tables)  # fmt: skip
+    fit_error, held_error = float(np.mean(fit_errors)), float(np.mean(held_errors))
+    if not (math.isfinite(fit_error) and math.isfinite(held_error)):
+        raise ValueError(f"the {'fit' if not math.isfinite(fit_error) else 'held-out'} runs have no metric to compare "
+                         f"(held out: {held_words}); no profile can be checked")  # fmt: skip
+    return MeasuredFit(params, study.best_value, fit_error, held_error, [held_words], tables)

@@ -121,7 +121,24 @@ def read_measured(path: str | Path, fmt: str = "auto", **kwargs: Any) -> Measure
         raise MeasuredFormatError(
             f"{path}: unknown measured format {fmt!r}; expected 'auto' or one of {list(MEASURED_FORMATS)}"
         )
-    return _READERS[name](path, **kwargs)
+    run = _READERS[name](path, **kwargs)
+    _check_gap_counts(run, path, name)
+    return run
+
+
+def _check_gap_counts(run: MeasuredRun, path: str | Path, name: str) -> None:
+    """A request cannot have more inter-token gaps than output tokens − 1 (a stream may merge tokens, never split).
+
+    Raises:
+        MeasuredFormatError: naming the request's index and both counts.
+    """
+    req = run.requests
+    for i, (gaps, out) in enumerate(zip(req["itl_s"], req["output_tokens"], strict=True)):
+        if gaps is not None and len(gaps) > max(int(out) - 1, 0):
+            raise MeasuredFormatError(
+                f"{path}: {name}: request {i}: {len(gaps)} inter-token gaps for {int(out)} output tokens; expected at "
+                "most output - 1 (the output length and the token times disagree)"
+            )
 
 
 def write_measured(run: MeasuredRun, path: str | Path, fmt: str) -> Path:

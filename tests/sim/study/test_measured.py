@@ -120,3 +120,42 @@ def test_a_file_that_is_not_what_it_claims_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "output-details" in err
     assert not (tmp_path / "v").exists()
+
+
+def _edited_vllm(tmp_path: Path, name: str, **changes) -> Path:
+    data = __import__("json").loads((FIXTURES / "vllm_bench_serve.json").read_text())
+    for key, value in changes.items():
+        data[key] = value(data) if callable(value) else value
+    path = tmp_path / name
+    path.write_text(__import__("json").dumps(data))
+    return path
+
+
+def test_failed_requests_are_left_out_of_both_sides(tmp_path):
+    run = read_measured(FIXTURES / "vllm_bench_serve.json")
+    result, workload, notes = simulate_measured(run, measured_scenario("default", CARD, "sglang"))
+    assert len(workload) == int(run.requests["success"].sum())
+    assert any("failed request" in n for n in notes)
+
+
+def test_requests_longer_than_the_model_are_left_out_or_refused(tmp_path):
+    huge = _edited_vllm(tmp_path, "huge.json", input_lens=lambda d: [10_000_000] * len(d["input_lens"]))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        simulate_measured(read_measured(huge), measured_scenario("default", CARD, "sglang"))
+    one = _edited_vllm(tmp_path, "one.json", input_lens=lambda d: [10_000_000, *d["input_lens"][1:]])
+    _, workload, notes = simulate_measured(read_measured(one), measured_scenario("default", CARD, "sglang"))
+    assert any("max_seq_len" in n for n in notes) and workload["prompt_tokens"].max() < 10_000_000
+
+
+def test_more_token_gaps_than_output_tokens_is_refused(tmp_path):
+    bad = _edited_vllm(tmp_path, "gaps.json", output_lens=lambda d: [1] * len(d["output_lens"]))
+    with pytest.raises(ValueError, match="inter-token gaps for 1 output tokens"):
+        read_measured(bad)
+
+
+def test_calibration_with_no_comparable_metric_is_refused(tmp_path, capsys):
+    huge = _edited_vllm(tmp_path, "huge.json", input_lens=lambda d: [10_000_000] * len(d["input_lens"]))
+    sets = [a for s in CARD for a in ("--set", s)]
+    assert main(["calibrate", "--from-measured", str(huge), "--trials", "3", *sets, "--out", str(tmp_path / "c")]) == 2
+    assert "max_seq_len" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "profile.yaml").exists()
