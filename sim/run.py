@@ -7,6 +7,12 @@ start times from a generator of their own, so every policy is offered the same s
 Each policy gets a fresh SimPy environment and a generator seeded from ``(scenario.seed, policy index)``,
 so policies do not share random streams and the same seed gives identical tables.
 
+With ``serving.replicas`` > 1 each policy runs as a fleet behind ``serving.router`` (sim/serving/cluster.py
+``simulate_cluster``, the path ``plan`` checks fleets on): one summary row over the fleet, a ``replica`` column in
+the requests table and a per-replica table (``replicas.csv``); a fleet keeps no per-step tables (it runs with
+``run.tables: summary``). One replica is the single-replica path, unchanged. Every summary row gets the bill's
+columns (sim/metrics/bill.py: GPUs, GPU-hours, and with a price for the card the cost).
+
 Before a policy runs, its workload's clock is checked (sim/metrics/physics.py ``check_clock``: a
 ``ScenarioError``); after, its summary is checked against the card and the compute model (``check_physics``: a
 ``PhysicsError``, a simulator bug), so simulate, sweep, search and plan never report an impossible number.
@@ -22,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 import traces
-from sim.config import GIB, Scenario, SessionsSpec, dump_scenario
+from sim.config import GIB, Scenario, ScenarioError, SessionsSpec, dump_scenario
 from sim.metrics import (
     SUMMARY_COLUMNS,
     layer_recall_table,
@@ -33,8 +39,10 @@ from sim.metrics import (
     timeline_table,
     unfinished_counts,
 )
+from sim.metrics.bill import BILL_COLUMNS, PRICED_COLUMNS, bill, card_price
 from sim.metrics.files import write_table
 from sim.metrics.physics import bounds_of, check_clock, check_physics
+from sim.serving.cluster import simulate_cluster
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.request import Request
 from sim.serving.sessions import SessionDriver, session_starts
@@ -55,6 +63,7 @@ RATIO_COLUMNS = {
     "tpot_mean_s": "tpot_mean_vs_sglang",
     "tpot_p99_s": "tpot_p99_vs_sglang",
 }
+FLEET_COLUMNS = ["num_replicas", "router", "rejected", "incomplete"]  # summary.csv of a fleet (serving.replicas > 1)
 
 
 @dataclass
@@ -68,6 +77,7 @@ class PolicyResult:
     layer_recall: pd.DataFrame | None  # recall bytes per (time bin, layer)
     timeline: pd.DataFrame | None  # intervals of one decode step that recalls
     kv_pool_gib: float = 0.0  # the device KV pool of one GPU (what a request rejected as exceeds_kv_pool outgrew)
+    replicas: pd.DataFrame | None = None  # a fleet's per-replica rows (sim.serving.cluster.REPLICA_COLUMNS)
 
 
 @dataclass
@@ -80,13 +90,31 @@ class SimResult:
 
     @property
     def summary(self) -> pd.DataFrame:
-        """One row per policy, columns :data:`sim.metrics.SUMMARY_COLUMNS`."""
-        return pd.DataFrame([r.summary for r in self.policies.values()], columns=SUMMARY_COLUMNS)
+        """One row per policy: :data:`sim.metrics.SUMMARY_COLUMNS`, then :data:`FLEET_COLUMNS` for a fleet, then the
+        bill (:data:`sim.metrics.bill.BILL_COLUMNS`, and :data:`~sim.metrics.bill.PRICED_COLUMNS` with a price)."""
+        columns = [
+            *SUMMARY_COLUMNS,
+            *(FLEET_COLUMNS if self.scenario.serving.replicas > 1 else []),
+            *BILL_COLUMNS,
+            *(PRICED_COLUMNS if card_price(self.scenario) is not None else []),
+        ]
+        rows = [{**r.summary, **bill(r.summary, self.scenario)} for r in self.policies.values()]
+        return pd.DataFrame(rows, columns=columns)
+
+    @property
+    def replicas(self) -> pd.DataFrame | None:
+        """A fleet's per-replica rows with a ``policy`` column first (None for one replica)."""
+        frames = [r.replicas.assign(policy=p) for p, r in self.policies.items() if r.replicas is not None]
+        if not frames:
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        return df[["policy"] + [c for c in df.columns if c != "policy"]]
 
     def write(self, out_dir: Path) -> list[str]:
         """Write summary.csv, the requests/steps/layers/layer_recall/timeline tables (with a ``policy`` column;
         ``.parquet`` or ``.csv`` per ``run.table_format``) and scenario.yaml. With ``run.tables: summary`` only
-        summary.csv, the requests table and scenario.yaml.
+        summary.csv, the requests table and scenario.yaml; a fleet (``serving.replicas`` > 1) writes summary.csv,
+        replicas.csv, the requests table and scenario.yaml.
 
         Returns:
             The names of the files written, in order.
@@ -97,6 +125,10 @@ class SimResult:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.summary.to_csv(out_dir / "summary.csv", index=False)
         written = ["summary.csv"]
+        replicas = self.replicas
+        if replicas is not None:
+            replicas.to_csv(out_dir / "replicas.csv", index=False)
+            written.append("replicas.csv")
         for name, table in TABLES.items():
             frames = [getattr(r, table) for r in self.policies.values()]
             if any(f is None for f in frames):  # not kept (run.tables: summary)
@@ -158,6 +190,50 @@ def simulate_policy(
     )
 
 
+def simulate_fleet(
+    scenario: Scenario,
+    workload: pd.DataFrame,
+    policy_name: str,
+    seed_index: int = 0,
+    on_finish: Callable[[Request], None] | None = None,
+) -> PolicyResult:
+    """Run one policy as ``serving.replicas`` replicas behind ``serving.router`` (sim/serving/cluster.py), with
+    ``run.tables: summary`` (a fleet keeps no per-step tables): the fleet's requests (with a ``replica`` column),
+    its summary row (``simulate_cluster``'s, with :data:`FLEET_COLUMNS`) and per-replica rows.
+
+    Raises:
+        ScenarioError: a session (closed-loop) workload, which the router cannot replay; or the workload's clock
+            would outrun float64.
+        CapacityError: if the model does not fit in HBM.
+        PhysicsError: the run broke a physical bound (a simulator bug).
+    """
+    n = scenario.serving.replicas
+    if traces.is_session_table(workload):
+        raise ScenarioError(
+            f"serving.replicas: {n} needs an open-loop workload; a session trace is replayed closed loop on one "
+            "replica (set serving.replicas=1)"
+        )
+    result = simulate_cluster(
+        summary_only(scenario), workload, policy_name, n, scenario.serving.router, seed_index, on_finish
+    )
+    return PolicyResult(
+        result.requests, None, result.summary, None, None, None, result.kv_pool_gib, replicas=result.replicas
+    )
+
+
+def simulate_one(
+    scenario: Scenario,
+    workload: pd.DataFrame,
+    policy_name: str,
+    seed_index: int = 0,
+    on_finish: Callable[[Request], None] | None = None,
+) -> PolicyResult:
+    """One policy as the scenario deploys it: :func:`simulate_fleet` when ``serving.replicas`` > 1, else
+    :func:`simulate_policy` (errors: theirs)."""
+    run = simulate_fleet if scenario.serving.replicas > 1 else simulate_policy
+    return run(scenario, workload, policy_name, seed_index, on_finish)
+
+
 def summary_only(scenario: Scenario) -> Scenario:
     """The scenario with ``run.tables: summary`` (no per-step records kept; the summary is the same)."""
     if scenario.run.tables == "summary":
@@ -166,14 +242,16 @@ def summary_only(scenario: Scenario) -> Scenario:
 
 
 def policy_summary(scenario: Scenario, workload: pd.DataFrame, policy_name: str, seed_index: int = 0) -> dict:
-    """One policy on one replica: :func:`simulate_policy`'s summary row plus :func:`unfinished_counts`.
+    """One policy as the scenario deploys it (:func:`simulate_one`: one replica, or a fleet with
+    ``serving.replicas`` > 1): its summary row plus :func:`unfinished_counts` (sweeps and searches run this).
 
     Runs with ``run.tables: summary`` whatever the scenario says (only the summary is returned).
 
     Raises:
         CapacityError: if the model does not fit in HBM.
+        ScenarioError: a fleet over a session workload.
     """
-    result = simulate_policy(summary_only(scenario), workload, policy_name, seed_index=seed_index)
+    result = simulate_one(summary_only(scenario), workload, policy_name, seed_index=seed_index)
     return {**result.summary, **unfinished_counts(result.requests)}
 
 
@@ -193,7 +271,7 @@ def simulate(scenario: Scenario, progress: Callable[[str, int], Callable[[Reques
     result = SimResult(scenario, workload)
     for i, name in enumerate(scenario.policies):
         on_finish = progress(name, len(workload)) if progress else None
-        result.policies[name] = simulate_policy(scenario, workload, name, seed_index=i, on_finish=on_finish)
+        result.policies[name] = simulate_one(scenario, workload, name, seed_index=i, on_finish=on_finish)
     return result
 
 

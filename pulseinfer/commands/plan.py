@@ -68,7 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--gpu-hour-usd",
         default=None,
         metavar="CARD=PRICE,...",
-        help="price per GPU-hour, e.g. h100-sxm=2.5,h200=3.5: adds cost per million output tokens",
+        help="price per GPU-hour, e.g. h100-sxm=2.5,h200=3.5 (adds to the scenario's cost.gpu_hour_usd): adds "
+        "GPUs billed, $/h and $ per million output tokens, and the cheapest SLO-meeting fleet per card",
     )
     p.add_argument("--jobs", type=int, default=1, help="cells planned in parallel worker processes (default 1)")
     p.add_argument(
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         table.to_csv(stage / "plan.csv", index=False)
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
     print(format_plan(table))
+    cheapest = format_cheapest(table)
+    if cheapest:
+        print("\n" + cheapest)
     for row in table.itertuples():
         if row.note:
             where = "/".join(x for x in (row.hardware, row.policy, row.router) if x)
@@ -119,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     sample = _sample_note(cfg)
     if sample:
         print(sample)
+    replicas_note = _replicas_note(cfg)
+    if replicas_note:
+        print(replicas_note)
     print(f"\nwrote {args.out / 'plan.csv'}")
     return 0
 
@@ -139,6 +146,19 @@ def _sample_note(cfg) -> str | None:
         f"note: each replica was planned on the first {cfg.max_requests:,} of the workload's {total:,} requests "
         "(--max-requests); a longer sample can change an answer either way: check a decision with "
         "--max-requests all"
+    )
+
+
+def _replicas_note(cfg) -> str | None:
+    """A note when the scenario deploys several replicas: plan searches the count itself (no double counting)."""
+    from sim.config.loader import load_scenario
+
+    replicas = load_scenario(cfg.scenario, cfg.overrides).serving.replicas
+    if replicas <= 1:
+        return None
+    return (
+        f"note: plan sets the replica count itself (one replica, then fleets behind --routers); the scenario's "
+        f"serving.replicas ({replicas}) and serving.router are not used"
     )
 
 
@@ -172,7 +192,9 @@ def _config(args: argparse.Namespace):
         max_requests=_max_requests(args.max_requests),
         rel_tol=args.rel_tol,
         max_replicas=args.max_replicas,
-        gpu_hour_usd=_prices(args.gpu_hour_usd) if args.gpu_hour_usd else {},
+        gpu_hour_usd={**base.cost.gpu_hour_usd, **parse_prices(args.gpu_hour_usd, base.hardware.name)}
+        if args.gpu_hour_usd
+        else dict(base.cost.gpu_hour_usd),
         swap_hardware=bool(args.hardware),
     )
 
@@ -197,17 +219,31 @@ def _names(text: str, flag: str) -> list[str]:
     return names
 
 
-def _prices(text: str) -> dict[str, float]:
-    prices = {}
+def parse_prices(text: str, own_card: str | None = None) -> dict[str, float]:
+    """``--gpu-hour-usd CARD=PRICE[,CARD=PRICE]``: hardware card name → US$ per GPU-hour (finite, > 0). The cards
+    must be shipped ones (scenarios/hardware/, any case) or ``own_card``, each named once.
+
+    Raises:
+        UsageError: a malformed item, a price that is not a positive number, an unknown or repeated card.
+    """
+    from sim.config.loader import card_names
+
+    known = sorted({*card_names("hardware"), *([own_card] if own_card else [])})
+    prices: dict[str, float] = {}
     for item in _names(text, "--gpu-hour-usd"):
-        card, _, raw = item.partition("=")
+        card, _, raw = (x.strip() for x in item.partition("="))
         try:
             price = float(raw)
         except ValueError:
             price = math.nan
         if not (math.isfinite(price) and price > 0):
-            raise UsageError(f"--gpu-hour-usd {card.strip()}: expected CARD=PRICE with a positive price, got {item!r}")
-        prices[card.strip()] = price
+            raise UsageError(f"--gpu-hour-usd {card}: expected CARD=PRICE with a positive price, got {item!r}")
+        name = card if card in known else card.lower()
+        if name not in known:
+            raise UsageError(f"--gpu-hour-usd {card}: unknown card {card!r} (cards: {', '.join(known)})")
+        if name in prices:
+            raise UsageError(f"--gpu-hour-usd {card}: priced twice, got {text!r}; give each card one price")
+        prices[name] = price
     return prices
 
 
@@ -227,6 +263,37 @@ def format_plan(table) -> str:
         shown["fleet TPOT p99 ms"] = (table["cluster_tpot_p99_s"].astype(float) * 1e3).round(1)
         shown["fleet TTFT p99 s"] = table["cluster_ttft_p99_s"].astype(float).round(2)
     if table["usd_per_million_output_tokens"].notna().any():
+        shown["GPUs billed"] = table["gpus_billed"].map(lambda n: "-" if n is None or n != n else int(n))
+        shown["$/h"] = table["usd_per_hour"].astype(float).round(2)
         shown["$/M out tok"] = table["usd_per_million_output_tokens"].astype(float).round(2)
     shown["sims"] = table["num_simulations"]
     return shown.to_string(index=False)
+
+
+def format_cheapest(table) -> str | None:
+    """Per priced card, the cheapest row meeting the SLO, cheapest first (sim.study.plan.cheapest_fleets); None
+    without prices."""
+    from sim.study.plan import cheapest_fleets
+
+    if not table["usd_per_hour"].notna().any():
+        return None
+    best = cheapest_fleets(table)
+    fleet = table["target_rate_per_s"].notna().any()
+    title = (
+        "cheapest fleet meeting the SLO at the target rate, per card"
+        if fleet
+        else ("cheapest replica meeting the SLO, per card (one replica at its max rate)")
+    )
+    if best.empty:
+        return f"{title}: none (no priced row meets the SLO)"
+    shown = best[["hardware", "policy"]].copy()
+    if fleet:
+        shown["router"] = best["router"]
+        shown["replicas"] = best["replicas_for_target"].astype(int)
+    else:
+        shown["max rate/s"] = best["max_rate_per_s"].astype(float).round(3)
+    shown["GPUs billed"] = best["gpus_billed"].astype(int)
+    shown["$/GPU-h"] = best["gpu_hour_usd"].astype(float)
+    shown["$/h"] = best["usd_per_hour"].astype(float).round(2)
+    shown["$/M out tok"] = best["usd_per_million_output_tokens"].astype(float).round(2)
+    return f"{title}:\n{shown.to_string(index=False)}"

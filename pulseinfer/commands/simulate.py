@@ -34,6 +34,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="keep no per-step records and write only summary.csv, the requests table and scenario.yaml "
         "(sets run.tables=summary; the summary is the same)",
     )
+    p.add_argument(
+        "--gpu-hour-usd",
+        default=None,
+        metavar="CARD=PRICE,...",
+        help="price per GPU-hour, e.g. h200=3.5 (adds to the scenario's cost.gpu_hour_usd): the summary gains "
+        "$/h and $ per million output tokens for the scenario's card",
+    )
     p.add_argument("--plots", action="store_true", help="draw the figures into OUT/plots after the run")
     plot.add_format_arguments(p)
     return p
@@ -42,14 +49,26 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     with collections_paused():
         from sim.config import load_scenario
+        from sim.config.scenario import CostSpec
         from sim.metrics import unfinished_counts
-        from sim.metrics.report import format_summary, rejection_lines
+        from sim.metrics.report import format_bill, format_replicas, format_summary, rejection_lines
         from sim.run import simulate, with_ratios
         from traces import trace_notes
 
     formats = plot.check_format_arguments(args) if args.plots else ()
     overrides = [*args.overrides, "run.tables=summary"] if args.summary_only else args.overrides
     scenario = load_scenario(args.scenario, overrides)
+    if args.gpu_hour_usd is not None:
+        from pulseinfer.commands.plan import parse_prices
+
+        prices = {**scenario.cost.gpu_hour_usd, **parse_prices(args.gpu_hour_usd, scenario.hardware.name)}
+        scenario = scenario.model_copy(update={"cost": CostSpec(gpu_hour_usd=prices)})
+    fleet = scenario.serving.replicas > 1
+    if args.plots and fleet:
+        raise UsageError(
+            f"--plots: a fleet (serving.replicas {scenario.serving.replicas}) keeps no per-step tables, which most "
+            "figures need; drop --plots or set serving.replicas=1"
+        )
     if args.plots and scenario.run.tables == "summary":
         raise UsageError(
             "--plots: most figures need the per-step tables, which --summary-only (run.tables=summary) does not "
@@ -76,10 +95,18 @@ def run(args: argparse.Namespace) -> int:
             figures = plot_results(stage, stage / "plots", formats, dpi=args.dpi)
     n = len(result.workload)
     noun = "request" if n == 1 else "requests"
-    print(f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name}, {n} {noun}, seed {scenario.seed}")
+    serving = scenario.serving
+    where = f"{serving.replicas} replicas x TP{serving.tp_size} behind {serving.router}" if fleet else "one replica"
+    print(
+        f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name} ({where}), {n} {noun}, "
+        f"seed {scenario.seed}"
+    )
     for note in trace_notes(result.workload):
         print(f"  workload: {note}")
     print(format_summary(with_ratios(result.summary)))
+    print("\n" + format_bill(result.summary))
+    if result.replicas is not None:
+        print("\n" + format_replicas(result.replicas))
     refused = [f"{name} {line}" for name, lines in rejected.items() for line in lines]  # requests that can never run
     if refused:
         print("\n" + "\n".join(refused))

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
-from sim.config.files import short_repr, table_format_problem
+from sim.config.files import scenarios_dir, short_repr, table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.parallel import shard_error
 from sim.config.policy import PolicySpec
@@ -42,6 +42,11 @@ class ServingSpec(Spec):
 
     ``tp_size``: GPUs per replica (tensor parallelism, sim/config/parallel.py); every decode and prefill GPU
     figure (KV pool, step time, link) is per GPU of the group, request and throughput figures per replica.
+
+    ``replicas``: decode replicas of ``tp_size`` GPUs each behind ``router`` (sim/serving/cluster.py: ``round_robin``,
+    ``least_tokens``, fewest outstanding prompt + output tokens, or ``prefix_aware``, longest cached prefix); 1 is
+    the single-replica simulation. With ``disaggregated`` prefill each replica has its own pool of
+    ``num_prefill_gpus`` (as ``plan``'s fleets).
     """
 
     prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
@@ -51,6 +56,16 @@ class ServingSpec(Spec):
     mixed_prefill: bool = False
     num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
     tp_size: Literal[1, 2, 4, 8] = 1
+    replicas: PositiveInt = 1  # decode replicas (each of tp_size GPUs)
+    router: Literal["round_robin", "least_tokens", "prefix_aware"] = "round_robin"  # cluster.py ALL_ROUTERS
+
+
+class CostSpec(Spec):
+    """What a GPU-hour costs, as the user gives it (no price is shipped as fact): hardware card name → US dollars
+    per GPU-hour, positive. Only the scenario's own card's price is used (sim/metrics/bill.py); the names must be
+    shipped cards (scenarios/hardware/) or the scenario's own card."""
+
+    gpu_hour_usd: dict[str, PositiveFloat] = {}
 
 
 class RunSpec(Spec):
@@ -122,6 +137,7 @@ class Scenario(Spec):
     workload: WorkloadSpec = WorkloadSpec()
     slo: SloSpec = SloSpec()
     serving: ServingSpec = ServingSpec()
+    cost: CostSpec = CostSpec()
     policies: Annotated[list[str], Field(min_length=1)]  # names to run, in order
     policy: dict[str, PolicySpec]  # resolved knobs of every policy in ``policies`` (loader merges presets)
     recall_stats: RecallStatsSpec = RecallStatsSpec()
@@ -143,6 +159,7 @@ class Scenario(Spec):
         if missing:
             raise ValueError(f"policies: {short_repr(missing)} have no entry under policy")
         self._check_tp()
+        self._check_cost()
         policies = {p: self.policy[p] for p in self.policies}
         problems = geometry_problems(self.model, self.hardware, policies, self.serving.tp_size)
         if problems:
@@ -167,6 +184,13 @@ class Scenario(Spec):
                 f"the profile's) or a profile calibrated with --model {self.model.name}"
             )
         return self
+
+    def _check_cost(self) -> None:
+        """``cost.gpu_hour_usd`` names shipped hardware cards or the scenario's own (a typo would price nothing)."""
+        known = sorted({p.stem for p in (scenarios_dir() / "hardware").glob("*.yaml")} | {self.hardware.name})
+        unknown = [card for card in self.cost.gpu_hour_usd if card not in known]
+        if unknown:
+            raise ValueError(f"cost.gpu_hour_usd: unknown card {short_repr(unknown[0])} (cards: {', '.join(known)})")
 
     def _check_tp(self) -> None:
         """``serving.tp_size`` > 1 needs a splittable model, a card with NVLink and room in one node."""

@@ -51,6 +51,40 @@ def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
     return pd.DataFrame(cols).to_string(index=False)
 
 
+BILL = [
+    ("policy", "policy", None, "{}"),
+    ("num_replicas", "replicas", None, "{:d}"),
+    ("router", "router", None, "{}"),
+    ("gpus", "GPUs", None, "{:d}"),
+    ("gpu_hours", "GPU-hours", 1.0, "{:.3f}"),
+    ("gpu_hour_usd", "$/GPU-h", 1.0, "{:.2f}"),
+    ("usd_per_hour", "$/h", 1.0, "{:.2f}"),
+    ("usd_per_million_output_tokens", "$/M out tok", 1.0, "{:.3f}"),
+]
+REPLICAS = [
+    ("policy", "policy", None, "{}"),
+    ("replica", "replica", None, "{:d}"),
+    ("requests", "requests", None, "{:d}"),
+    ("decode_tokens_per_s", "decode tok/s", 1.0, "{:.0f}"),
+    ("tpot_p50_s", "TPOT p50 ms", 1e3, "{:.1f}"),
+    ("tpot_p99_s", "TPOT p99 ms", 1e3, "{:.1f}"),
+    ("mean_batch", "mean batch", 1.0, "{:.1f}"),
+    ("peak_hbm_gib", "peak HBM GiB", 1.0, "{:.1f}"),
+    ("link_busy_frac", "link busy %", 100.0, "{:.1f}"),
+]
+
+
+def format_bill(summary: pd.DataFrame) -> str:
+    """The bill (sim/metrics/bill.py) as a text table: GPUs, GPU-hours over the simulated span and, when the card
+    has a price, $ per GPU-hour, $ per hour and $ per million output tokens (a fleet adds its replicas and router)."""
+    return _table(summary, BILL)
+
+
+def format_replicas(replicas: pd.DataFrame) -> str:
+    """A fleet's per-replica rows (sim/serving/cluster.py ``REPLICA_COLUMNS``) in display units."""
+    return _table(replicas, REPLICAS)
+
+
 BACKLOG_NOTE_FRAC = 0.01  # a D2H backlog above this fraction of the run's duration is worth a line
 
 

@@ -10,23 +10,29 @@ Routers (``ROUTERS``):
 - ``least_tokens``: the replica with the fewest outstanding tokens, i.e. prompt + output tokens of the
   requests routed to it and not done yet (ties go to the lowest index). Model assumption: the router
   knows each request's output length, as a length-predicting router would.
+- ``prefix_aware`` (:data:`PREFIX_ROUTER`, as llm-d's and Dynamo's KV-aware routing): the replica whose radix
+  prefix cache (sim/serving/prefix.py) holds the longest prefix of the request's ``hash_ids`` at its arrival, ties by
+  fewest outstanding tokens, then the lowest index. Without hash ids or prefix caches (a policy without
+  ``prefix_cache``, or disaggregated prefill, where the decode side keeps none) it is ``least_tokens``.
+  Model assumption: the router sees every replica's cache as it is (llm-d and Dynamo track it from KV events).
 
 In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → :class:`ClusterResult`
-(one request table with a ``replica`` column; one summary row over the cluster).
+(one request table with a ``replica`` column; one summary row over the cluster; one row per replica,
+:data:`REPLICA_COLUMNS`). ``pulseinfer simulate`` runs it when ``serving.replicas`` > 1 (sim/run.py).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from sim.config import Scenario
+from sim.config import GIB, Scenario
 from sim.metrics import Recorder, StepTotals, requests_table, summarize, unfinished_counts
 from sim.metrics.physics import bounds_of, check_clock, check_physics
 from sim.serving.arrivals import ArrivalSchedule
@@ -34,7 +40,16 @@ from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
 from sim.serving.request import Request
 
-ROUTERS = ("round_robin", "least_tokens")
+ROUTERS = ("round_robin", "least_tokens")  # plan's default routers
+PREFIX_ROUTER = "prefix_aware"
+ALL_ROUTERS = (*ROUTERS, PREFIX_ROUTER)  # = the serving.router choices (sim/config/scenario.py)
+# One row per replica (ClusterResult.replicas): requests routed to it, its decode tokens over the fleet's duration,
+# TPOT percentiles of its finished requests (s), its mean decode batch, its peak HBM (GiB, weights + reserve + peak
+# KV pool use) and its H2D link busy time over the fleet's duration.
+REPLICA_COLUMNS = [
+    "replica", "requests", "decode_tokens_per_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "peak_hbm_gib",
+    "link_busy_frac",
+]  # fmt: skip
 
 
 class RoundRobinRouter:
@@ -44,7 +59,7 @@ class RoundRobinRouter:
         self.num_replicas = num_replicas
         self.next = 0
 
-    def pick(self, tokens: int) -> int:
+    def pick(self, tokens: int, req: Request | None = None) -> int:
         """Replica for a request of ``tokens`` prompt + output tokens."""
         i = self.next
         self.next = (i + 1) % self.num_replicas
@@ -60,7 +75,7 @@ class LeastTokensRouter:
     def __init__(self, num_replicas: int) -> None:
         self.outstanding = np.zeros(num_replicas, dtype=np.int64)
 
-    def pick(self, tokens: int) -> int:
+    def pick(self, tokens: int, req: Request | None = None) -> int:
         """Replica for a request of ``tokens`` prompt + output tokens; counts them as outstanding there."""
         i = int(np.argmin(self.outstanding))
         self.outstanding[i] += tokens
@@ -71,8 +86,31 @@ class LeastTokensRouter:
         self.outstanding[replica] -= tokens
 
 
-def make_router(kind: str, num_replicas: int) -> RoundRobinRouter | LeastTokensRouter:
-    """A router by name.
+class PrefixAwareRouter(LeastTokensRouter):
+    """The replica whose prefix cache holds the longest prefix of the request's hash ids; ties by fewest
+    outstanding prompt + output tokens, then the lowest index."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        super().__init__(len(replicas))
+        self.caches = [r.kv.prefix for r in replicas]
+
+    def pick(self, tokens: int, req: Request | None = None) -> int:
+        """Replica for ``req`` (``tokens`` prompt + output tokens); counts them as outstanding there."""
+        if req is None or not req.hash_ids or not any(c is not None for c in self.caches):
+            return super().pick(tokens)
+        ids, prompt, block = req.hash_ids, req.prompt_tokens, req.hash_block_tokens
+        hits = np.array([c.match(ids, prompt, block)[1] if c is not None else 0 for c in self.caches])
+        best = np.flatnonzero(hits == hits.max())
+        i = int(best[np.argmin(self.outstanding[best])])
+        self.outstanding[i] += tokens
+        return i
+
+
+Router = RoundRobinRouter | LeastTokensRouter
+
+
+def make_router(kind: str, num_replicas: int, replicas: list[Replica] | None = None) -> Router:
+    """A router by name (``prefix_aware`` reads ``replicas``' prefix caches; without them it is ``least_tokens``).
 
     Raises:
         ValueError: unknown ``kind`` or ``num_replicas`` < 1.
@@ -83,7 +121,9 @@ def make_router(kind: str, num_replicas: int) -> RoundRobinRouter | LeastTokensR
         return RoundRobinRouter(num_replicas)
     if kind == "least_tokens":
         return LeastTokensRouter(num_replicas)
-    raise ValueError(f"router: unknown {kind!r} (known: {', '.join(ROUTERS)})")
+    if kind == PREFIX_ROUTER:
+        return PrefixAwareRouter(replicas) if replicas is not None else LeastTokensRouter(num_replicas)
+    raise ValueError(f"router: unknown {kind!r} (known: {', '.join(ALL_ROUTERS)})")
 
 
 @dataclass
@@ -93,6 +133,8 @@ class ClusterResult:
     requests: pd.DataFrame  # requests_table rows plus a ``replica`` column, by request_id
     summary: dict  # SUMMARY_COLUMNS over the cluster + num_replicas, router, rejected, incomplete
     routed: list[int]  # requests sent to each replica
+    replicas: pd.DataFrame  # REPLICA_COLUMNS, one row per replica
+    kv_pool_gib: float  # one GPU's device KV pool (2**30 bytes)
 
 
 def simulate_cluster(
@@ -102,6 +144,7 @@ def simulate_cluster(
     num_replicas: int,
     router: str = "round_robin",
     seed_index: int = 0,
+    on_finish: Callable[[Request], None] | None = None,
 ) -> ClusterResult:
     """Serve the workload with ``num_replicas`` replicas of one policy behind ``router``.
 
@@ -109,6 +152,7 @@ def simulate_cluster(
     is the cluster's total; ``link_busy_frac``, ``gather_busy_frac``, ``d2h_busy_frac`` and
     ``prefill_busy_frac`` are per-replica means; ``link_gbps_achieved`` is every replica's recall bytes over every
     replica's link time (what one link delivered while busy); ``peak_hbm_gib`` is the largest replica's peak.
+    ``on_finish`` is called with each finished or rejected request.
 
     Raises:
         ValueError: unknown router or ``num_replicas`` < 1.
@@ -116,8 +160,9 @@ def simulate_cluster(
         ScenarioError: the workload's clock would outrun float64 (sim/metrics/physics.py ``check_clock``).
         PhysicsError: the run broke a physical bound (a simulator bug, sim/metrics/physics.py).
     """
-    picker = make_router(router, num_replicas)
-    fleet = Fleet(scenario, policy_name, num_replicas, seed_index)
+    make_router(router, num_replicas)  # a bad name or count fails before the fleet is built
+    fleet = Fleet(scenario, policy_name, num_replicas, seed_index, on_finish)
+    picker = make_router(router, num_replicas, fleet.replicas)
     check_clock(scenario, workload, fleet.replicas[0].policy.compute)
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
     routed = [0] * num_replicas
@@ -139,7 +184,7 @@ def _route(
     env: simpy.Environment,
     replicas: list[Replica],
     reqs: list[Request],
-    picker: RoundRobinRouter | LeastTokensRouter,
+    picker: Router,
     routed: list[int],
     schedule: ArrivalSchedule,
 ) -> Generator[simpy.Event, object, None]:
@@ -150,7 +195,7 @@ def _route(
         if req.arrival_s > env.now:
             yield env.timeout(req.arrival_s - env.now)
         tokens = req.total_tokens
-        i = picker.pick(tokens)
+        i = picker.pick(tokens, req)
         routed[i] += 1
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
@@ -192,4 +237,28 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     # replicas on a fuller node share their host path more: the link bound is the least shared replica's
     check_physics(summary, max((bounds_of(r.policy) for r in replicas), key=lambda b: b.link_gbps), scenario)
     summary.update(num_replicas=len(replicas), router=router, **unfinished_counts(requests))
-    return ClusterResult(requests, summary, routed)
+    rows = [
+        _replica_row(i, n, table, rec, kv.fixed_hbm_bytes, kv.block_bytes, summary["duration_s"])
+        for i, (n, table, rec) in enumerate(zip(routed, tables, recs))
+    ]
+    pool_gib = kv.device.capacity * kv.block_bytes / GIB
+    return ClusterResult(requests, summary, routed, pd.DataFrame(rows, columns=REPLICA_COLUMNS), pool_gib)
+
+
+def _replica_row(
+    index: int, routed: int, requests: pd.DataFrame, rec: Recorder, fixed_hbm_bytes: int, block_bytes: int,
+    duration_s: float,
+) -> dict:  # fmt: skip
+    """One :data:`REPLICA_COLUMNS` row; rates and busy fractions over the fleet's ``duration_s``."""
+    tpot = requests.loc[requests["finished"], "tpot_s"].dropna()
+    t = rec.totals
+    return {
+        "replica": index,
+        "requests": routed,
+        "decode_tokens_per_s": rec.decode_tokens / duration_s,
+        "tpot_p50_s": float(np.percentile(tpot, 50)) if len(tpot) else np.nan,
+        "tpot_p99_s": float(np.percentile(tpot, 99)) if len(tpot) else np.nan,
+        "mean_batch": t.decode_batch_sum / t.decode_steps if t.decode_steps else 0.0,
+        "peak_hbm_gib": (fixed_hbm_bytes + t.peak_kv_used_blocks * block_bytes) / GIB,
+        "link_busy_frac": rec.link_busy_s / duration_s,
+    }

@@ -22,6 +22,7 @@ import pandas as pd
 from sim.config import load_scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.metrics import unfinished_counts
+from sim.metrics.bill import deployment_gpus, usd_per_million
 from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
@@ -34,8 +35,13 @@ PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
     "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
     "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
-    "usd_per_million_output_tokens", "delivered_frac", "note", "tp_size", "gpus_for_target",
+    "usd_per_million_output_tokens", "delivered_frac", "note", "tp_size", "gpus_for_target", "gpus_billed",
+    "usd_per_hour",
 ]  # fmt: skip
+# The bill (sim/metrics/bill.py, as simulate's): ``gpus_billed`` = the replicas' decode GPUs plus, with disaggregated
+# prefill, each replica's prefill pool (one replica without --target-rate, else the fleet for the target);
+# ``usd_per_hour`` = gpus_billed × gpu_hour_usd; ``usd_per_million_output_tokens`` = that over the decode tokens.
+# ``gpus_for_target`` counts decode GPUs only (replicas × tp_size).
 
 # Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
 OnSim = Callable[[str, str, str, bool], None]
@@ -283,8 +289,9 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
     cell = CellPlanner(cfg, hardware, policy, on_sim)
     found = bisect_max_rate(lambda r: cell.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
     at_max = cell.single(found.rate) if found.rate > 0 else {}
-    price = cfg.gpu_hour_usd.get(hardware)
-    tp = cell.scenario(cfg.max_requests, None).serving.tp_size  # GPUs per replica: plan counts GPUs
+    price = cfg.gpu_hour_usd.get(hardware, cfg.gpu_hour_usd.get(hardware.lower()))
+    serving = cell.scenario(cfg.max_requests, None).serving  # plan sets the replica count: serving.replicas unused
+    tp = serving.tp_size  # GPUs per replica: plan counts GPUs
     base = {
         "hardware": hardware,
         "policy": policy,
@@ -299,8 +306,8 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
     }
     single_note = sample_note(cell, found)
     if cfg.target_rate_per_s is None:
-        cost = _usd_per_million(price, tp, base["decode_tokens_per_s"])
-        row = {**base, "router": "", "meets_slo": found.rate > 0, "usd_per_million_output_tokens": cost}
+        cost = _bill(price, serving, 1, base["decode_tokens_per_s"])
+        row = {**base, "router": "", "meets_slo": found.rate > 0, **cost}
         return _finish_rows([{**row, "note": single_note}], cell)
     rows = []
     # One replica misses the SLO even when idle: more replicas cannot help.
@@ -318,7 +325,7 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
             "cluster_tpot_p99_s": summary.get("tpot_p99_s", math.nan),
             "cluster_ttft_p99_s": summary.get("ttft_p99_s", math.nan),
             "cluster_decode_tokens_per_s": tokens_per_s,
-            "usd_per_million_output_tokens": _usd_per_million(price, (n or 0) * tp, tokens_per_s),
+            **_bill(price, serving, n or 0, tokens_per_s),
             "note": "; ".join(x for x in (single_note, fleet_note) if x),
             "gpus_for_target": n * tp if n else None,
         }
@@ -377,11 +384,30 @@ def _finish_rows(rows: list[dict], cell: CellPlanner) -> list[dict]:
     return [{col: {**row, "num_simulations": cell.num_simulations}.get(col) for col in PLAN_COLUMNS} for row in rows]
 
 
-def _usd_per_million(price: float | None, num_gpus: int, tokens_per_s: float) -> float | None:
-    """GPU cost of a million output tokens at ``tokens_per_s`` on ``num_gpus`` GPUs."""
-    if price is None or not num_gpus or not tokens_per_s or math.isnan(tokens_per_s):
-        return None
-    return price * num_gpus / 3600.0 / tokens_per_s * 1e6
+def _bill(price: float | None, serving, replicas: int, tokens_per_s: float) -> dict:
+    """``gpus_billed``, ``usd_per_hour`` and ``usd_per_million_output_tokens`` of ``replicas`` replicas producing
+    ``tokens_per_s`` (None where undefined: no price, no replicas or no tokens)."""
+    gpus = deployment_gpus(serving, replicas)
+    per_million = usd_per_million(price, gpus, tokens_per_s)
+    return {
+        "gpus_billed": gpus or None,
+        "usd_per_hour": price * gpus if price is not None and gpus else None,
+        "usd_per_million_output_tokens": None if math.isnan(per_million) else per_million,
+    }
+
+
+def cheapest_fleets(table: pd.DataFrame) -> pd.DataFrame:
+    """Per hardware card, the priced row that meets the SLO at the least cost, sorted by cost (cheapest first).
+
+    Cost is ``usd_per_hour`` with a target rate (every fleet serves the same rate), else
+    ``usd_per_million_output_tokens`` (one replica at its own maximum). Cards without a price or without a row
+    that meets the SLO are left out.
+    """
+    key = "usd_per_hour" if table["target_rate_per_s"].notna().any() else "usd_per_million_output_tokens"
+    ok = table[table["meets_slo"].astype(bool) & table[key].notna()].copy()
+    ok[key] = ok[key].astype(float)
+    ok = ok.sort_values([key, "usd_per_million_output_tokens", "hardware", "policy"], kind="stable")
+    return ok.drop_duplicates("hardware").reset_index(drop=True)
 
 
 def run_plan(
