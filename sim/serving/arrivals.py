@@ -35,6 +35,15 @@ class ArrivalSchedule:
         self.times_s = np.array(times, dtype=np.float64)  # float64 [requests], nondecreasing
         self.next_index = 0  # the first arrival not submitted yet (the driver moves it)
 
+    def subset(self, indices: np.ndarray) -> ArrivalSchedule:
+        """The schedule of the arrivals at ``indices`` (int64 [m], increasing) alone, with their times as computed
+        here (one driver's timeouts), its next arrival the first of them: what one replica behind a static router
+        receives."""
+        sub = object.__new__(ArrivalSchedule)
+        sub.times_s = self.times_s[indices]
+        sub.next_index = 0
+        return sub
+
     def next_s(self) -> float:
         """When the next arrival not submitted yet fires (``math.inf`` after the last)."""
         i = self.next_index

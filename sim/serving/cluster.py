@@ -172,11 +172,16 @@ def simulate_cluster(
     # replica's steps, prefills and finishes touch that replica's state and the router's counters. With colocated
     # prefill an arrival only queues a request: a soft bound (sim/serving/decode_run.py).
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
-    for replica in fleet.replicas:
-        replica.next_event_s = functools.partial(_next_relevant_s, schedule, horizon_s, replica)
+    # A static router (round robin) decides every request's replica in advance: a replica then stops only at its own
+    # arrivals, so its runs do not end at every arrival of the fleet and the cost stays linear in the replicas.
+    static = isinstance(picker, RoundRobinRouter)
+    own = [schedule.subset(np.arange(i, len(reqs), num_replicas)) for i in range(num_replicas)] if static else None
+    for i, replica in enumerate(fleet.replicas):
+        mine = own[i] if static else schedule
+        replica.next_event_s = functools.partial(_next_relevant_s, mine, horizon_s, replica)
         if not replica.disaggregated:
-            replica.arrivals_ahead = schedule
-    fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule))
+            replica.arrivals_ahead = mine
+    fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule, own))
     return _cluster_result(fleet, policy_name, router, routed)
 
 
@@ -187,9 +192,11 @@ def _route(
     picker: Router,
     routed: list[int],
     schedule: ArrivalSchedule,
+    own: list[ArrivalSchedule] | None = None,
 ) -> Generator[simpy.Event, object, None]:
     """Submit each request at its arrival to the replica the router picks, then close every replica;
-    ``schedule.next_index`` follows the arrival it waits for."""
+    ``schedule.next_index`` follows the arrival it waits for (and each replica's ``own`` schedule, with a static
+    router, its next request)."""
     for n, req in enumerate(reqs):
         schedule.next_index = n
         if req.arrival_s > env.now:
@@ -197,6 +204,8 @@ def _route(
         tokens = req.total_tokens
         i = picker.pick(tokens, req)
         routed[i] += 1
+        if own is not None:
+            own[i].next_index += 1
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
         replicas[i].submit(req)
