@@ -367,3 +367,22 @@ def test_package_is_a_leaf():
             for name in names:
                 assert name.split(".")[0] in allowed, f"{module.name} imports {name}"
                 assert not name.startswith("traces.") or name.startswith("traces.measured"), f"{module.name}: {name}"
+
+
+def test_a_near_miss_is_read_as_its_tool_and_names_the_field(tmp_path):
+    """A guidellm report with no benchmarks and an inference-perf file whose first request lacks `info` are told
+    apart by their shape, so the reader names the field instead of "unknown format"."""
+    import json
+
+    from traces.measured import read_measured
+
+    guide = json.loads((FIXTURES / "guidellm_report.json").read_text())
+    guide["benchmarks"] = []
+    (tmp_path / "g.json").write_text(json.dumps(guide))
+    with pytest.raises(ValueError, match="'benchmarks': expected a non-empty list"):
+        read_measured(tmp_path / "g.json")
+    perf = json.loads((FIXTURES / "inference_perf_per_request.json").read_text())
+    del perf[0]["info"]
+    (tmp_path / "ip.json").write_text(json.dumps(perf))
+    with pytest.raises(ValueError, match="missing 'info' at index 0"):
+        read_measured(tmp_path / "ip.json")

@@ -92,6 +92,11 @@ def detect_measured_format(path: str | Path) -> str:
         return vllm_bench.TOOL
     if vllm_spans.looks_like(first):
         return vllm_spans.TOOL
+    # near misses: the shape of one tool with a field missing or empty -> that tool's reader names the field
+    if isinstance(first, dict) and isinstance(first.get("benchmarks"), list):
+        return guidellm.TOOL
+    if isinstance(first, list) and first and isinstance(first[0], dict) and {"start_time", "end_time"} <= set(first[0]):
+        return inference_perf.TOOL
     if isinstance(first, dict) and "input_lens" in first:
         raise MeasuredFormatError(
             f"{source}: cannot tell SGLang bench_serving from vllm bench serve output (neither tool's marker keys "
