@@ -13,7 +13,7 @@ import pandas as pd
 
 import traces
 from sim.config import Scenario, ScenarioError, SessionsSpec
-from traces.servegen import servegen_requests
+from traces.servegen_traffic import servegen_requests
 
 
 def load_workload(scenario: Scenario) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def load_workload(scenario: Scenario) -> pd.DataFrame:
                 df = df.assign(session_id=df["request_id"].astype(str), turn=0, think_time_s=0.0)
                 df.attrs["max_concurrency"] = s.max_concurrency
                 return df
-        elif w.servegen is not None:  # ServeGen's per-client arrivals (traces/servegen.py), own seeded stream
+        elif w.servegen is not None:  # ServeGen's per-client arrivals (traces/servegen_traffic.py), own seeded stream
             df = _servegen_table(scenario)
         else:
             columns = w.columns.model_dump() if w.columns is not None else None

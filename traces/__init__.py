@@ -11,7 +11,7 @@ arrival.
   flagged), `read_kvcache_tester` (agentic sessions -> a session table), `read_csv_trace` / `read_jsonl_trace`
   (any CSV/JSONL through a `ColumnMap`).
 - `synthetic_requests`: Poisson arrivals + lognormal lengths from an explicit `np.random.Generator`.
-- `traces.servegen` (import the module; not re-exported here): `read_servegen` / `servegen_requests`, ServeGen's
+- `traces.servegen` / `traces.servegen_traffic`: `read_servegen` / `servegen_requests`, ServeGen's
   per-client rate windows and length distributions (a slice folder; `SHIPPED_SERVEGEN_SLICES`) -> a request
   table at a target rate (`lengths_from=` another table).
 - `shape_requests`: window, prompt-length filter, max rows, rebase to 0 s, time scale / target rate;
@@ -37,7 +37,8 @@ from traces.registry import (
     trace_stats,
 )
 from traces.schema import REQUEST_COLUMNS, SESSION_COLUMNS, TraceError, is_session_table
-from traces.servegen import SHIPPED_SERVEGEN_SLICES, ServeGenSlice, read_servegen, servegen_requests
+from traces.servegen import SHIPPED_SERVEGEN_SLICES, ServeGenSlice, read_servegen
+from traces.servegen_traffic import servegen_requests
 from traces.shape import shape_requests, shape_sessions
 from traces.synthetic import synthetic_requests
 

@@ -14,7 +14,8 @@ import pytest
 
 import traces
 from traces.schema import REQUEST_COLUMNS, TraceError
-from traces.servegen import DATA_DIR, read_servegen, servegen_requests
+from traces.servegen import DATA_DIR, read_servegen
+from traces.servegen_traffic import servegen_requests
 
 SHIPPED_CLIENTS = {20, 28, 34, 50, 57, 61, 116, 118, 143}
 DAY_S = 86400.0
