@@ -363,6 +363,27 @@ def parse_json_documents(text: str, source: str, fmt_desc: str) -> list[tuple[in
     return documents
 
 
+def pick_run(path: str | Path, run_index: int, fmt_desc: str) -> tuple[dict[str, Any], str, int, int]:
+    """One run of a file of JSON documents (one per line or one whole): (its object, where it is for messages,
+    its line, the number of runs in the file).
+
+    Raises:
+        MeasuredFormatError: unreadable file, invalid JSON, ``run_index`` out of range, or a run that is not a JSON
+            object.
+    """
+    source = source_name(path)
+    documents = parse_json_documents(read_text(path, fmt_desc), source, fmt_desc)
+    if not -len(documents) <= run_index < len(documents):
+        raise MeasuredFormatError(
+            f"{source}: {fmt_desc}: run_index {run_index} out of range; the file holds {len(documents)} run(s)"
+        )
+    line_no, obj = documents[run_index]
+    where = source if len(documents) == 1 else f"{source} line {line_no}"
+    if not isinstance(obj, dict):
+        raise MeasuredFormatError(f"{where}: not {fmt_desc}: expected a JSON object, got {type(obj).__name__}")
+    return obj, where, line_no, len(documents)
+
+
 def parse_bench_lists(
     obj: dict[str, Any], source: str, fmt_desc: str, hint: str
 ) -> tuple[list[int], list[int], list[float], list[list[float]], list[bool]]:

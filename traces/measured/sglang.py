@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from traces.measured.schema import (
-    MeasuredFormatError,
     MeasuredRun,
     as_seconds,
     build_requests,
@@ -43,9 +42,8 @@ from traces.measured.schema import (
     concurrency_value,
     latency_summary,
     parse_bench_lists,
-    parse_json_documents,
+    pick_run,
     rate_value,
-    read_text,
     require,
     source_name,
 )
@@ -73,16 +71,7 @@ def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> Measured
         MeasuredFormatError: unreadable file, invalid JSON, `run_index` out of range, a missing per-request list
             (e.g. 'itls' when the run lacked --output-details), lists of different lengths, negative or NaN values.
     """
-    source = source_name(path)
-    documents = parse_json_documents(read_text(path, FMT_DESC), source, FMT_DESC)
-    if not -len(documents) <= run_index < len(documents):
-        raise MeasuredFormatError(
-            f"{source}: {FMT_DESC}: run_index {run_index} out of range; the file holds {len(documents)} run(s)"
-        )
-    line_no, obj = documents[run_index]
-    where = source if len(documents) == 1 else f"{source} line {line_no}"
-    if not isinstance(obj, dict):
-        raise MeasuredFormatError(f"{where}: not {FMT_DESC}: expected a JSON object, got {type(obj).__name__}")
+    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC)
     prompts, outputs, ttft, gaps, success = parse_bench_lists(obj, where, FMT_DESC, HINT)
     ttft_s = [t if ok else math.nan for t, ok in zip(ttft, success)]
     e2e_s = [t + math.fsum(g) if ok else math.nan for t, g, ok in zip(ttft, gaps, success)]
@@ -92,10 +81,8 @@ def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> Measured
     concurrency = concurrency_value(obj.get("max_concurrency"), "max_concurrency", where, FMT_DESC)
     duration = as_seconds(require(obj, "duration", where, FMT_DESC, HINT), "duration", None, where, FMT_DESC)
     notes = []
-    if len(documents) > 1:
-        notes.append(
-            f"read run {run_index % len(documents) + 1} of {len(documents)} (line {line_no}, run_index={run_index})"
-        )
+    if num_runs > 1:
+        notes.append(f"read run {run_index % num_runs + 1} of {num_runs} (line {line_no}, run_index={run_index})")
     notes.append("arrival_s: not recorded by bench_serving (NaN); e2e_s derived as ttft + sum(itls)")
     return MeasuredRun(
         requests=requests,
@@ -107,7 +94,7 @@ def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> Measured
         backend=_optional_str(obj.get("backend")),
         num_prompts=len(prompts),
         summary={k: v for k, v in obj.items() if k not in PER_REQUEST_KEYS},
-        source_path=source,
+        source_path=source_name(path),
         notes=notes,
     )
 

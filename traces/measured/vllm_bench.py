@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from traces.measured.schema import (
-    MeasuredFormatError,
     MeasuredRun,
     as_seconds,
     as_timestamp,
@@ -46,9 +45,8 @@ from traces.measured.schema import (
     concurrency_value,
     latency_summary,
     parse_bench_lists,
-    parse_json_documents,
+    pick_run,
     rate_value,
-    read_text,
     require,
     require_list,
     source_name,
@@ -86,16 +84,7 @@ def read_vllm_bench_serve(path: str | Path, run_index: int = -1) -> MeasuredRun:
         MeasuredFormatError: unreadable file, invalid JSON, a missing per-request list ('itls' etc. when the run
             lacked --save-detailed), lists of different lengths, negative or NaN values.
     """
-    source = source_name(path)
-    documents = parse_json_documents(read_text(path, FMT_DESC), source, FMT_DESC)
-    if not -len(documents) <= run_index < len(documents):
-        raise MeasuredFormatError(
-            f"{source}: {FMT_DESC}: run_index {run_index} out of range; the file holds {len(documents)} run(s)"
-        )
-    line_no, obj = documents[run_index]
-    where = source if len(documents) == 1 else f"{source} line {line_no}"
-    if not isinstance(obj, dict):
-        raise MeasuredFormatError(f"{where}: not {FMT_DESC}: expected a JSON object, got {type(obj).__name__}")
+    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC)
     prompts, outputs, ttft, gaps, success = parse_bench_lists(obj, where, FMT_DESC, HINT)
     n = len(prompts)
     notes = []
@@ -122,10 +111,8 @@ def read_vllm_bench_serve(path: str | Path, run_index: int = -1) -> MeasuredRun:
     e2e_s = [e if ok else math.nan for e, ok in zip(latencies, success)]
     itl_s = [g if ok else None for g, ok in zip(gaps, success)]
     requests = build_requests(prompts, outputs, arrivals, ttft_s, e2e_s, itl_s, success)
-    if len(documents) > 1:
-        notes.insert(
-            0, f"read run {run_index % len(documents) + 1} of {len(documents)} (line {line_no}, run_index={run_index})"
-        )
+    if num_runs > 1:
+        notes.insert(0, f"read run {run_index % num_runs + 1} of {num_runs} (line {line_no}, run_index={run_index})")
     rate = rate_value(require(obj, "request_rate", where, FMT_DESC, HINT), "request_rate", where, FMT_DESC)
     backend = obj.get("backend", obj.get("endpoint_type"))
     model = obj.get("model_id")
@@ -139,7 +126,7 @@ def read_vllm_bench_serve(path: str | Path, run_index: int = -1) -> MeasuredRun:
         backend=None if backend is None else str(backend),
         num_prompts=n,
         summary={k: v for k, v in obj.items() if k not in PER_REQUEST_KEYS},
-        source_path=source,
+        source_path=source_name(path),
         notes=notes,
     )
 
