@@ -55,7 +55,7 @@ def serving_scatter(rows: pd.DataFrame, band_pct: float = 10.0) -> Figure:
     compared (not modelled, by construction) are left out.
 
     Args:
-        rows: serving.csv of `pulseinfer cases` (sim/study/serving_cases.py ``SERVING_COLUMNS``): case, set, metric,
+        rows: serving.csv of `pulseinfer cases` (calibrate/serving_cases.py ``SERVING_COLUMNS``): case, set, metric,
             group (per_token, ttft, throughput), measured, simulated, verdict (ms for latencies, tokens or requests
             per second for throughput).
 

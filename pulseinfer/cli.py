@@ -68,13 +68,13 @@ INPUT_ERRORS: dict[str, frozenset[str]] = {
             "SpaceError",
             "SearchError",
             "PlanError",
-            "CaseError",
             "SweepError",
             "ExecutorError",
             "AccuracyError",
         }
     ),
     "traces": frozenset({"TraceError"}),
+    "calibrate": frozenset({"CaseError", "ServingCaseError"}),
     "plots": frozenset({"MissingData"}),
     "engine": frozenset({"ModelNotInstalled"}),
 }

@@ -15,7 +15,7 @@ every value of a grid:
 * prompt length mean 8,192 and 16,384 tokens (LongBench, capped at 32K for LWM-7B in §4.1; cv 0.2 as before);
 * output length 64 and 256 tokens (LongBench's per-task generation caps run 64-512; Fig. 1 does not say).
 
-Each (case, setting) runs the case file's own computation (:func:`sim.study.cases.run_case`) with its overrides
+Each (case, setting) runs the case file's own computation (:func:`calibrate.cases.run_case`) with its overrides
 for these quantities replaced; simulations shared by the three head-wise cases run once. Prints and writes
 ``OUT/sparseserve_range.csv`` (one row per case and setting: simulated, published, error) and
 ``OUT/sparseserve_range_summary.csv`` (per case the range [min, max] over the grid, whether the published value
@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 import sim.run
-from sim.study.cases import CaseSpec, cases_dir, error_pct, load_case, run_case, verdict
+from calibrate.cases import CaseSpec, cases_dir, error_pct, load_case, run_case, verdict
 
 CASES = ["sparseserve_fall", "sparseserve_rise", "sparseserve_blocks", "sparseserve_admission"]
 GRID = {

@@ -138,11 +138,11 @@ def test_every_listed_input_error_is_an_exception_class_of_its_package():
         "sim.run",
         "sim.study.search",
         "sim.study.plan",
-        "sim.study.cases",
         "sim.study.sweep",
         "sim.config.profiles",
         "sim.study.space",
         "traces",
+        "calibrate.cases",
         "plots.render",
     ):
         importlib.import_module(module)

@@ -76,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "serving",
         help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
         description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
-        "prefill_mfu, decode_step_overhead_us and allreduce_call_us (sim/study/serving_fit.py, bounds there) to the "
+        "prefill_mfu, decode_step_overhead_us and allreduce_call_us (calibrate/serving_fit.py, bounds there) to the "
         "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations, then simulate both sets "
         "with the fitted values. Writes OUT/fit.yaml (values, bounds, loss, provenance), one profile per card "
         "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), OUT/serving.csv, "
@@ -228,9 +228,9 @@ def _run_serving(args: argparse.Namespace) -> int:
     """``calibrate serving``: fit, write the profiles, and report both sets with the fitted values."""
     import yaml
 
+    from calibrate.serving_cases import load_suite, suite_report, suite_table
+    from calibrate.serving_fit import FIT_PARAMETERS, fit_serving, suite_rows
     from sim.config.loader import load_card
-    from sim.study.serving_cases import load_suite, suite_report, suite_table
-    from sim.study.serving_fit import FIT_PARAMETERS, fit_serving, suite_rows
 
     for flag, value in (("--trials", args.trials), ("--jobs", args.jobs)):
         if value < 1:
@@ -286,9 +286,9 @@ def _run_from_measured(args: argparse.Namespace) -> int:
     """``calibrate --from-measured FILE ... [SCENARIO]``: fit, hold out, write the profile (or refuse)."""
     import yaml
 
+    from calibrate.measured import measured_scenario
+    from calibrate.measured_fit import FITTED, MAX_HELD_OUT_ERROR_PCT, fit_measured
     from sim.config.loader import resolve_scenario_path
-    from sim.study.measured import measured_scenario
-    from sim.study.measured_fit import FITTED, MAX_HELD_OUT_ERROR_PCT, fit_measured
     from traces.measured import read_measured
 
     items = list(args.from_measured)

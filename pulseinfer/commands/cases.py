@@ -44,8 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.cases import case_names, cases_table, load_case, run_case, select_cases
-    from sim.study.serving_cases import serving_case_names
+    from calibrate.cases import case_names, cases_table, load_case, run_case, select_cases
+    from calibrate.serving_cases import serving_case_names
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     published = args.suite in ("all", "published")
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_serving(args: argparse.Namespace, only: list[str] | None) -> None:
-    from sim.study.serving_cases import load_suite, run_serving_case, suite_report, suite_table
+    from calibrate.serving_cases import load_suite, run_serving_case, suite_report, suite_table
 
     started = time.perf_counter()
     cases = load_suite(only)

@@ -145,7 +145,7 @@ def _write(out: Path, table, steps) -> None:
 
 def _run_measured(args: argparse.Namespace) -> int:
     """``validate --measured FILE``: replay a real server's benchmark run in the simulator and compare."""
-    from sim.study.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
+    from calibrate.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
     from traces.measured import read_measured
 
     if args.measured.is_dir():

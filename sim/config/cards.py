@@ -162,7 +162,7 @@ class HardwareSpec(Spec):
     # beside it is slowed by gpu_gather_sm_frac × the overlap (sim/policies/offload.py).
     gpu_gather_sm_frac: Annotated[float, Field(ge=0, lt=1)] = 0.1
     # The compute model's efficiencies (sim/step/compute.py; fitted by `pulseinfer calibrate serving`, bounds in
-    # sim/study/serving_fit.py, docs/sources.md §11): a large kernel's share of the HBM peak, the bytes at which a
+    # calibrate/serving_fit.py, docs/sources.md §11): a large kernel's share of the HBM peak, the bytes at which a
     # kernel reaches half of it, attention's share relative to that and the context per request at which it reaches
     # half, grouped-GEMM (MoE expert) efficiency, the GEMMs' share of the tensor peak, the host cost of a decode step
     # (CUDA graph) and of each request in it (sampling, detokenisation, scheduling), and the per-call cost of an

@@ -3,7 +3,7 @@
 The files are real benchmark outputs (:mod:`traces.measured`). Part of them is held out: the last file when there are
 two or more, else the last 40 % of the one file's requests (the first 60 % are fitted, each part replayed as a run of
 its own). :data:`FITTED` — the efficiencies and host costs a server's per-token time, TTFT and throughput depend on,
-with the bounds of :data:`sim.study.serving_fit.FIT_PARAMETERS` — are fitted by a seeded Optuna TPE search that
+with the bounds of :data:`calibrate.serving_fit.FIT_PARAMETERS` — are fitted by a seeded Optuna TPE search that
 minimises the mean over runs of the mean |ln(simulated / measured)| over :data:`FIT_METRICS`; the held-out runs are
 then replayed once with the fitted values. The error of a run is the mean |error %| over the same metrics.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import optuna
 
+from calibrate.measured import measured_from_result, simulate_measured, validation_table
+from calibrate.serving_fit import FIT_PARAMETERS
 from sim.config import Scenario
-from sim.study.measured import measured_from_result, simulate_measured, validation_table
-from sim.study.serving_fit import FIT_PARAMETERS
 from traces.measured import MeasuredRun
 
 FITTED = ("hbm_efficiency", "attn_efficiency", "prefill_mfu", "decode_step_overhead_us", "decode_request_overhead_us")

@@ -1,4 +1,4 @@
-"""Bring your own measurements (sim/study/measured.py, measured_fit.py; `validate --measured`, `calibrate
+"""Bring your own measurements (calibrate/measured.py, measured_fit.py; `validate --measured`, `calibrate
 --from-measured`): a round trip through the real formats, and a known truth the calibration must recover."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from calibrate.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
+from calibrate.measured_fit import fit_measured, run_error
 from pulseinfer.cli import main
 from sim.run import simulate_policy
-from sim.study.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
-from sim.study.measured_fit import fit_measured, run_error
 from sim.workload import load_workload
 from traces.measured import read_measured, write_measured
 
-FIXTURES = Path(__file__).resolve().parents[2] / "traces" / "fixtures" / "measured"
+FIXTURES = Path(__file__).resolve().parents[1] / "traces" / "fixtures" / "measured"
 CARD = ["serving.prefill=colocated", "model=llama-3.1-8b", "hardware=h100-sxm"]
 # the "real" server: an H100 whose figures differ from the shipped card's
 TRUE = ["hardware.hbm_efficiency=0.7", "hardware.decode_step_overhead_us=2500", "hardware.prefill_mfu=0.4"]

@@ -1,4 +1,4 @@
-"""Published cases (sim/study/cases.py, ``pulseinfer cases``): shipped files load, the table and verdicts."""
+"""Published cases (calibrate/cases.py, ``pulseinfer cases``): shipped files load, the table and verdicts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from pulseinfer.cli import main
-from sim.study.cases import (
+from calibrate.cases import (
     CASE_COLUMNS,
     CaseError,
     CaseSpec,
@@ -23,6 +22,7 @@ from sim.study.cases import (
     run_case,
     verdict,
 )
+from pulseinfer.cli import main
 
 
 @pytest.mark.parametrize("name", case_names())

@@ -6,7 +6,7 @@ datasheet peaks, the parameters are shares of those peaks and per-kernel or per-
 (seeded) that minimises the mean over the fit-set cases of the mean over each case's metrics of |ln(simulated /
 measured)| (each case counts once, however many metrics its source gives; a log error treats 2× too fast and 2× too
 slow alike). The check set is never read by the fit: it is run once afterwards with the fitted values, and both
-sets' errors are reported (:func:`sim.study.serving_cases.suite_report`). The result is written as one profile per
+sets' errors are reported (:func:`calibrate.serving_cases.suite_report`). The result is written as one profile per
 card (``<card>.yaml``: the card with the fitted values, usable as ``--set profile=DIR/<card>.yaml``) and
 ``fit.yaml`` (values, bounds, loss, trials, provenance).
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import optuna
 
+from calibrate.serving_cases import ServingCase, load_suite, run_serving_case, suite_table
 from sim.study.executors import WorkerPool
-from sim.study.serving_cases import ServingCase, load_suite, run_serving_case, suite_table
 
 # HardwareSpec field: (low, high, log scale). Bounds are physical: a share of a peak in (0, 1]; per-kernel and per-step
 # costs from "none" to well past what any public profile shows (docs/sources.md §11 gives the reasoning per bound).
@@ -121,7 +121,7 @@ class _NoPool:
 
 def suite_rows(params: dict[str, float] | None = None, jobs: int = 1) -> list[dict]:
     """Every case of both sets simulated (with ``params`` on the card when given): the rows of
-    :func:`sim.study.serving_cases.run_serving_case`."""
+    :func:`calibrate.serving_cases.run_serving_case`."""
     cases = load_suite()
     with WorkerPool(jobs) if jobs > 1 else _NoPool() as pool:
         _, rows = evaluate(cases, params or {}, pool if jobs > 1 else None)

@@ -1,4 +1,4 @@
-"""The serving-measurement suite (sim/study/serving_cases.py): every shipped case loads and rebuilds as a scenario,
+"""The serving-measurement suite (calibrate/serving_cases.py): every shipped case loads and rebuilds as a scenario,
 the fit/check split is what docs/sources.md §11 says, and the metrics follow the benchmark tools' definitions."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibrate import serving_cases as sc
 from sim.config import load_scenario
-from sim.study import serving_cases as sc
 
 
 @pytest.fixture(scope="module")
