@@ -168,8 +168,22 @@ def load_suite(only: list[str] | None = None, sets: tuple[str, ...] = ("fit", "c
     return [c for c in cases if c.set in sets]
 
 
+def engine_card(engine: str) -> str:
+    """The engine card (``scenarios/engines/``) of a case's ``engine`` string (engine and version as the source gives
+    them): vLLM 0.8.x → ``vllm-0.8``, TensorRT-LLM → ``trtllm``, SGLang → ``sglang``, anything else (other vLLM
+    versions, prototypes, unknown) → ``generic``."""
+    text = engine.strip().lower()
+    if text.startswith("vllm 0.8."):
+        return "vllm-0.8"
+    for prefix, card in (("trtllm", "trtllm"), ("sglang", "sglang")):
+        if text.startswith(prefix):
+            return card
+    return "generic"
+
+
 def case_overrides(case: ServingCase) -> list[str]:
-    """``--set`` overrides of the default scenario that rebuild the case's benchmark (module docstring)."""
+    """``--set`` overrides of the default scenario that rebuild the case's benchmark (module docstring), on its
+    engine card (:func:`engine_card`)."""
     s, load = case.setup, case.setup.load
     prefill = {"mixed": "colocated"}.get(s.prefill, s.prefill)
     out = [
@@ -179,7 +193,7 @@ def case_overrides(case: ServingCase) -> list[str]:
         f"workload.synthetic.num_requests={s.num_requests}", "workload.synthetic.prompt_tokens_cv=0",
         f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", "workload.synthetic.output_tokens_cv=0",
         f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
-        f"model.max_seq_len={max(s.input_tokens + s.output_tokens, 4096)}",
+        f"model.max_seq_len={max(s.input_tokens + s.output_tokens, 4096)}", f"engine={engine_card(case.engine)}",
     ]  # fmt: skip
     rate = load.value if load.kind == "rate" else ALL_AT_ONCE_RATE_PER_S
     out.append(f"workload.synthetic.rate_per_s={rate}")

@@ -1,14 +1,18 @@
 """Fit the compute model's efficiencies to the serving suite's fit set (``pulseinfer calibrate serving``).
 
 The compute model (sim/step/compute.py) has physically meaningful parameters on the hardware card
-(:data:`FIT_PARAMETERS`, each with bounds). One set of values is fitted for every card — the cards differ by their
-datasheet peaks, the parameters are shares of those peaks and per-kernel or per-step costs — by an Optuna TPE search
+(:data:`FIT_PARAMETERS`, each with bounds) and on the serving engine's card (:data:`ENGINE_FIT_PARAMETERS`: the host
+path's serial and overlapped costs, for each engine the fit set has cases of and that has its own card values; the
+other engines take the card's serial costs, scenarios/engines/). One set of card values is fitted for every card —
+the cards differ by their datasheet peaks, the parameters are shares of those peaks and per-kernel or per-step
+costs — jointly with the engine values, by an Optuna TPE search
 (seeded) that minimises the mean over the fit-set cases of the mean over each case's metrics of |ln(simulated /
 measured)| (each case counts once, however many metrics its source gives; a log error treats 2× too fast and 2× too
 slow alike). The check set is never read by the fit: it is run once afterwards with the fitted values, and both
 sets' errors are reported (:func:`calibrate.serving_cases.suite_report`). The result is written as one profile per
 card (``<card>.yaml``: the card with the fitted values, usable as ``--set profile=DIR/<card>.yaml``) and
-``fit.yaml`` (values, bounds, loss, trials, provenance).
+``fit.yaml`` (values, bounds, loss, trials, provenance), and one engine card per fitted engine
+(``engine-<name>.yaml``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from calibrate.serving_cases import ServingCase, load_suite, run_serving_case, suite_table
+from calibrate.serving_cases import ServingCase, engine_card, load_suite, run_serving_case, suite_table
 from sim.study.executors import WorkerPool
 
 # HardwareSpec field: (low, high, log scale). Bounds are physical: a share of a peak in (0, 1]; per-kernel and per-step
@@ -35,6 +39,25 @@ FIT_PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "decode_request_overhead_us": (0.1, 300.0, True),  # sampling, detokenisation, scheduling of one request
     "allreduce_call_us": (0.5, 500.0, True),  # launch and synchronisation of one all-reduce
 }
+# Engine card → EngineSpec field: (low, high, log scale), for the engines with fit cases whose host path is their own
+# (sim/config/cards.py EngineSpec; docs/sources.md §11). vLLM 0.8.x (V1): the engine core's serial step and
+# per-request work, and the API-server process's per-request work overlapped with the GPU step.
+ENGINE_FIT_PARAMETERS: dict[str, dict[str, tuple[float, float, bool]]] = {
+    "vllm-0.8": {
+        "step_serial_us": (20.0, 20000.0, True),  # scheduling, input preparation, piecewise-graph launches
+        "request_serial_us": (0.1, 300.0, True),  # per request in the engine core's loop
+        "request_overlapped_us": (0.1, 1000.0, True),  # detokenising and streaming in the API server
+    },
+}
+ENGINE_PREFIX = "engine."  # a fitted engine value's name: engine.<card>.<field>
+PARAMETERS: dict[str, tuple[float, float, bool]] = {
+    **FIT_PARAMETERS,
+    **{
+        f"{ENGINE_PREFIX}{card}.{name}": b
+        for card, fields in ENGINE_FIT_PARAMETERS.items()
+        for name, b in fields.items()
+    },
+}  # every fitted value's name → bounds
 MISSING_LOSS = 3.0  # a metric the simulation could not produce (e.g. nothing finished) counts as e^3 ≈ 20× off
 
 
@@ -48,9 +71,31 @@ class FitResult:
     history: list[float] = field(default_factory=list)  # best loss after each trial
 
 
-def overrides_for(params: dict[str, float]) -> list[str]:
-    """``--set`` overrides putting ``params`` on the scenario's hardware card."""
-    return [f"hardware.{name}={value!r}" for name, value in params.items()]
+def overrides_for(params: dict[str, float], engine: str | None = None) -> list[str]:
+    """``--set`` overrides putting ``params`` on the scenario's hardware card, and the values named
+    ``engine.<engine>.<field>`` on its engine card when it is ``engine`` (other engines' values are left out)."""
+    out = []
+    for name, value in params.items():
+        if not name.startswith(ENGINE_PREFIX):
+            out.append(f"hardware.{name}={value!r}")
+        elif engine is not None and name.startswith(f"{ENGINE_PREFIX}{engine}."):
+            out.append(f"engine.{name.rsplit('.', 1)[1]}={value!r}")
+    return out
+
+
+def card_params(params: dict[str, float]) -> dict[str, float]:
+    """The hardware card's values of ``params``."""
+    return {k: v for k, v in params.items() if not k.startswith(ENGINE_PREFIX)}
+
+
+def engine_params(params: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The engine cards' values of ``params``: engine card → field → value."""
+    out: dict[str, dict[str, float]] = {}
+    for name, value in params.items():
+        if name.startswith(ENGINE_PREFIX):
+            card, field_name = name[len(ENGINE_PREFIX) :].rsplit(".", 1)
+            out.setdefault(card, {})[field_name] = value
+    return out
 
 
 def case_loss(rows: list[dict]) -> float:
@@ -62,21 +107,20 @@ def case_loss(rows: list[dict]) -> float:
     return sum(losses) / len(losses) if losses else 0.0
 
 
-def _case_rows(name: str, overrides: list[str]) -> list[dict]:
+def _case_rows(name: str, params: dict[str, float]) -> list[dict]:
     (case,) = load_suite([name])
-    return run_serving_case(case, overrides)
+    return run_serving_case(case, overrides_for(params, engine_card(case.engine)))
 
 
 def evaluate(
     cases: list[ServingCase], params: dict[str, float], pool: WorkerPool | None = None
 ) -> tuple[float, list[dict]]:
     """Simulate ``cases`` with ``params``: (mean case loss, every row). Cases not modelled add rows, no loss."""
-    overrides = overrides_for(params)
     names = [c.name for c in cases]
     if pool is None:
-        per_case = [_case_rows(n, overrides) for n in names]
+        per_case = [_case_rows(n, params) for n in names]
     else:
-        futures = [pool.submit(_case_rows, n, overrides) for n in names]
+        futures = [pool.submit(_case_rows, n, params) for n in names]
         pool.wait(futures)
         per_case = [f.result() for f in futures]
     losses = [case_loss(rows) for c, rows in zip(cases, per_case, strict=True) if not c.not_modelled]
@@ -84,10 +128,35 @@ def evaluate(
     return (sum(losses) / len(losses) if losses else math.nan), rows
 
 
+def shipped_start(card: str = "h200") -> dict[str, float]:
+    """The shipped values of :data:`PARAMETERS` (the ``card``'s — every shipped card carries the same fitted values
+    — and each fitted engine card's, an unset serial cost taking the card's value), clipped to the bounds: the
+    search's first trial, so a fit with more parameters starts where the last one ended."""
+    from sim.config.loader import load_card
+
+    hw = load_card("hardware", card)
+    card_field = {"step_serial_us": "decode_step_overhead_us", "request_serial_us": "decode_request_overhead_us"}
+    start = {name: float(hw[name]) for name in FIT_PARAMETERS if name in hw}
+    for engine, fields in ENGINE_FIT_PARAMETERS.items():
+        spec = load_card("engine", engine)
+        for name in fields:
+            value = spec.get(name)
+            value = hw.get(card_field.get(name, ""), 0.0) if value is None else value
+            start[f"{ENGINE_PREFIX}{engine}.{name}"] = float(value)
+    return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
+
+
 def fit_serving(
-    trials: int = 120, seed: int = 0, jobs: int = 1, on_trial: Callable[[int, float], None] | None = None
+    trials: int = 120,
+    seed: int = 0,
+    jobs: int = 1,
+    on_trial: Callable[[int, float], None] | None = None,
+    start: dict[str, float] | None = None,
 ) -> FitResult:
-    """Fit :data:`FIT_PARAMETERS` to the fit set (module docstring); deterministic for a seed and ``jobs``.
+    """Fit :data:`PARAMETERS` (the card's and the engines') to the fit set (module docstring); deterministic for a
+    seed and ``jobs``.
+
+    ``start``: values tried first (e.g. :func:`shipped_start`), within the bounds.
 
     Raises:
         ServingCaseError: a bad case file.
@@ -96,13 +165,13 @@ def fit_serving(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(20, trials))
     study = optuna.create_study(direction="minimize", sampler=sampler)
+    if start:
+        study.enqueue_trial(start)
     history: list[float] = []
     with WorkerPool(jobs) if jobs > 1 else _NoPool() as pool:
         for i in range(trials):
             trial = study.ask()
-            params = {
-                name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in FIT_PARAMETERS.items()
-            }
+            params = {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in PARAMETERS.items()}
             loss, _ = evaluate(cases, params, pool if jobs > 1 else None)
             study.tell(trial, loss)
             history.append(study.best_value)
@@ -128,5 +197,6 @@ def suite_rows(params: dict[str, float] | None = None, jobs: int = 1) -> list[di
     return rows
 
 
-__all__ = ["FIT_PARAMETERS", "FitResult", "case_loss", "evaluate", "fit_serving", "overrides_for", "suite_rows",
+__all__ = ["ENGINE_FIT_PARAMETERS", "FIT_PARAMETERS", "PARAMETERS", "FitResult", "card_params", "case_loss",
+           "engine_params", "evaluate", "fit_serving", "overrides_for", "shipped_start", "suite_rows",
            "suite_table"]  # fmt: skip

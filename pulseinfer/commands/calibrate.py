@@ -76,10 +76,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "serving",
         help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
         description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
-        "prefill_mfu, decode_step_overhead_us and allreduce_call_us (calibrate/serving_fit.py, bounds there) to the "
+        "prefill_mfu, decode_step_overhead_us, decode_request_overhead_us, allreduce_call_us and the host costs of "
+        "the engines with their own card (calibrate/serving_fit.py, bounds there) to the "
         "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations, then simulate both sets "
         "with the fitted values. Writes OUT/fit.yaml (values, bounds, loss, provenance), one profile per card "
-        "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), OUT/serving.csv, "
+        "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), one engine card per fitted "
+        "engine (OUT/engine-<name>.yaml: --set engine=...), OUT/serving.csv, "
         "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 6 s per trial on 2 cores.",
     )
     srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
@@ -229,7 +231,7 @@ def _run_serving(args: argparse.Namespace) -> int:
     import yaml
 
     from calibrate.serving_cases import load_suite, suite_report, suite_table
-    from calibrate.serving_fit import FIT_PARAMETERS, fit_serving, suite_rows
+    from calibrate.serving_fit import PARAMETERS, card_params, engine_params, fit_serving, shipped_start, suite_rows
     from sim.config.loader import load_card
 
     for flag, value in (("--trials", args.trials), ("--jobs", args.jobs)):
@@ -245,7 +247,7 @@ def _run_serving(args: argparse.Namespace) -> int:
                 bar.note(f"best loss {best:.4f}")
                 bar.advance()
 
-            result = fit_serving(args.trials, args.seed, args.jobs, on_trial)
+            result = fit_serving(args.trials, args.seed, args.jobs, on_trial, shipped_start())
         params = {k: float(f"{v:.4g}") for k, v in result.params.items()}
         rows = suite_rows(params, args.jobs)
         cases = load_suite()
@@ -255,7 +257,7 @@ def _run_serving(args: argparse.Namespace) -> int:
         report.to_csv(stage / "serving_report.csv", index=False)
         fit = {
             "params": params,
-            "bounds": {k: [lo, hi] for k, (lo, hi, _) in FIT_PARAMETERS.items()},
+            "bounds": {k: [lo, hi] for k, (lo, hi, _) in PARAMETERS.items()},
             "loss": float(result.loss),
             "trials": args.trials,
             "seed": args.seed,
@@ -264,18 +266,25 @@ def _run_serving(args: argparse.Namespace) -> int:
         }
         (stage / "fit.yaml").write_text(yaml.safe_dump(fit, sort_keys=False))
         for card in sorted({c.setup.hardware for c in cases if not c.not_modelled}):
-            hardware = {**load_card("hardware", card), **params}
+            hardware = {**load_card("hardware", card), **card_params(params)}
             profile = {"name": f"{card}-serving-fit", "source": f"pulseinfer calibrate serving --trials {args.trials}",
                        "metadata": {"date": fit["date"], "loss": fit["loss"]}, "hardware": hardware}  # fmt: skip
             (stage / f"{card}.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+        for name, values in engine_params(params).items():
+            engine = {
+                **load_card("engine", name),
+                **values,
+                "source": f"pulseinfer calibrate serving --trials {args.trials}",
+            }
+            (stage / f"engine-{name}.yaml").write_text(yaml.safe_dump(engine, sort_keys=False))
         from plots.validation import serving_scatter
 
         (stage / "plots").mkdir()
         serving_scatter(table).savefig(stage / "plots" / "serving_scatter.png", dpi=110)
     print(f"\nfitted in {time.perf_counter() - started:.0f} s ({args.trials} trials), loss {result.loss:.4f}:")
     for name, value in params.items():
-        lo, hi, _ = FIT_PARAMETERS[name]
-        print(f"  {name:24s} {value:<12g} bounds [{lo:g}, {hi:g}]")
+        lo, hi, _ = PARAMETERS[name]
+        print(f"  {name:38s} {value:<12g} bounds [{lo:g}, {hi:g}]")
     print("\nboth sets with the fitted values (not modelled and by-construction rows left out):")
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\nwrote {out}/fit.yaml, a profile per card, serving.csv, serving_report.csv, plots/serving_scatter.png")

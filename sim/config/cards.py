@@ -218,3 +218,41 @@ class HardwareSpec(Spec):
     @property
     def reserve_bytes(self) -> int:
         return int(self.reserve_gib * GIB)
+
+
+class EngineSpec(Spec):
+    """The serving engine's host path (one engine card; shipped cards in ``scenarios/engines/``, selected by the
+    scenario's ``engine`` key, default :data:`DEFAULT_ENGINE`): the CPU work of each decode step, split by whether it
+    runs in series with the GPU step or overlapped with it (sim/step/compute.py; docs/sources.md §11).
+
+    * ``step_serial_us`` (µs per step) and ``request_serial_us`` (µs per request per step): scheduling, input
+      preparation, launches and sampling bookkeeping done by the thread that drives the GPU, in series with the
+      step (added to it). ``None``: the hardware card's ``decode_step_overhead_us`` / ``decode_request_overhead_us``
+      (the values fitted before the host path moved to the engine, so an engine that leaves them unset behaves as
+      the simulator did before engine cards existed).
+    * ``request_overlapped_us`` (µs per request per step): work done in another thread or process while the GPU
+      runs (vLLM V1's API-server process detokenising and streaming, SGLang's overlap scheduler): a step lasts
+      ``max(serial step, B · request_overlapped_us)`` for a batch of B (sim/step/pipeline.py ``host_bound_s``).
+
+    Bounds: 0 to 1e5 µs per step and 0 to 1e4 µs per request (a tenth of a second and ten milliseconds: far past
+    any published host profile; the fitted values' bounds are narrower, calibrate/serving_fit.py).
+    """
+
+    name: str = "sglang"
+    source: str = "the simulator's SGLang baseline and PulseInfer: the card's host costs, nothing overlapped"
+    step_serial_us: Annotated[float, Field(ge=0, le=1e5)] | None = None
+    request_serial_us: Annotated[float, Field(ge=0, le=1e4)] | None = None
+    request_overlapped_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
+
+    def step_serial_s(self, hardware: HardwareSpec) -> float:
+        """Serial host seconds of one decode step (this engine's, else the card's)."""
+        us = self.step_serial_us if self.step_serial_us is not None else hardware.decode_step_overhead_us
+        return us * 1e-6
+
+    def request_serial_s(self, hardware: HardwareSpec) -> float:
+        """Serial host seconds per request per decode step (this engine's, else the card's)."""
+        us = self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
+        return us * 1e-6
+
+
+DEFAULT_ENGINE = EngineSpec()  # scenarios/engines/sglang.yaml: what the SGLang baseline and PulseInfer represent

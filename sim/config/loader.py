@@ -1,4 +1,4 @@
-"""Load a scenario YAML, resolve model and hardware card names, apply ``key=value`` overrides, validate.
+"""Load a scenario YAML, resolve model, hardware and engine card names, apply ``key=value`` overrides, validate.
 
 Flow: read YAML → dict → a named ``profile`` fills the sections the scenario leaves out (sim/config/profiles.py)
 → overrides (dotted keys; a card name met on the way is expanded to its card so
@@ -29,7 +29,7 @@ from sim.config.files import (
 from sim.config.profiles import apply_profile
 from sim.config.scenario import Scenario
 
-CARD_KINDS = {"model": "models", "hardware": "hardware"}
+CARD_KINDS = {"model": "models", "hardware": "hardware", "engine": "engines"}
 POLICY_DIR = "policies"
 DEFAULT_POLICIES = ["sglang", "pulseinfer"]
 DEFAULT_SCENARIO = "default"
@@ -37,7 +37,7 @@ LIST_KEYS = {"policies"}  # list fields settable as a comma-separated string
 
 
 def card_names(kind: str) -> list[str]:
-    """Names of the shipped cards of one kind (``"model"`` or ``"hardware"``)."""
+    """Names of the shipped cards of one kind (``"model"``, ``"hardware"`` or ``"engine"``)."""
     return sorted(p.stem for p in (scenarios_dir() / CARD_KINDS[kind]).glob("*.yaml"))
 
 

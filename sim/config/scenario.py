@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import PositiveFloat, PositiveInt, Spec
-from sim.config.cards import HardwareSpec, ModelSpec
+from sim.config.cards import DEFAULT_ENGINE, EngineSpec, HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
 from sim.config.files import scenarios_dir, short_repr, table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
@@ -117,6 +117,25 @@ class RunSpec(Spec):
     # ``_decode_run``, sim/serving/decode_run.py; tested equal to stepping one by one, which ``false`` does).
     skip_ahead: bool = True
     table_format: Literal["auto", "csv", "parquet"] = "auto"
+    # Worker processes for a fleet whose replicas are independent (serving.router: round_robin; sim/serving/
+    # fleet_pool.py): a whole number >= 1 (1 = one SimPy environment in this process), or "auto": the idle CPUs
+    # (CPUs less the load average) for fleets of 2+ replicas and 2,000+ requests, 1 inside a worker process. The
+    # tables are the same either way (tests/sim/test_fleet_scale.py); load-aware routers always use one environment.
+    workers: int | Literal["auto"] = "auto"
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _whole_workers(cls, value: object) -> object:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text == "auto":
+            return "auto"
+        try:
+            number = int(text) if isinstance(text, (int, str)) and not isinstance(text, bool) else None
+        except ValueError:
+            number = None
+        if number is None or number < 1:
+            raise ValueError("workers must be 'auto' or a whole number >= 1 (worker processes)")
+        return number
 
     @field_validator("table_format")
     @classmethod
@@ -134,6 +153,7 @@ class Scenario(Spec):
     seed: Annotated[int, Field(ge=0)] = 0
     model: ModelSpec
     hardware: HardwareSpec
+    engine: EngineSpec = DEFAULT_ENGINE  # the serving engine's host path (an engine card name or its fields)
     workload: WorkloadSpec = WorkloadSpec()
     slo: SloSpec = SloSpec()
     serving: ServingSpec = ServingSpec()

@@ -94,8 +94,10 @@ def min_layer_s(compute: ComputeModel) -> float:
 
 def min_step_s(compute: ComputeModel) -> float:
     """The least time of one decode step: per-step overhead + ``num_layers`` × :func:`min_layer_s` + the LM head of
-    one request (seconds), the same sum the step timing takes (sim/serving/decode_run.py)."""
-    return compute.step_overhead_s + compute.num_layers * min_layer_s(compute) + compute.decode_head_s(1)
+    one request, or the engine's overlapped host work of one request when longer (seconds), as the step timing takes
+    it (sim/step/pipeline.py ``idle_step_s``)."""
+    serial_s = compute.step_overhead_s + compute.num_layers * min_layer_s(compute) + compute.decode_head_s(1)
+    return max(serial_s, compute.overlapped_host_s(1))
 
 
 def bounds_of(policy: Policy) -> PhysicsBounds:

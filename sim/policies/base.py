@@ -31,7 +31,9 @@ class Policy:
         self.model = shard_model(scenario.model, tp)  # one GPU's shard (the card itself at tp_size 1)
         self.hardware = per_gpu_hardware(scenario.hardware, tp)
         profile = scenario.profile
-        self.compute = ComputeModel(self.model, self.hardware, profile.compute if profile else None, tp)
+        self.compute = ComputeModel(
+            self.model, self.hardware, profile.compute if profile else None, tp, scenario.engine
+        )
         tpot_ms = scenario.slo.tpot_ms
         self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
 

@@ -33,10 +33,11 @@ import pandas as pd
 import simpy
 
 from sim.config import GIB, Scenario
-from sim.metrics import Recorder, StepTotals, requests_table, summarize, unfinished_counts
-from sim.metrics.physics import bounds_of, check_clock, check_physics
+from sim.metrics import Recorder, StepTotals, summarize, unfinished_counts
+from sim.metrics.physics import check_clock, check_physics
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects
+from sim.serving.fleet_pool import ReplicaOutcome, follow_schedule, next_relevant_s, outcome_of, pool_size, run_replicas
 from sim.serving.replica import Replica
 from sim.serving.request import Request
 
@@ -161,6 +162,13 @@ def simulate_cluster(
         PhysicsError: the run broke a physical bound (a simulator bug, sim/metrics/physics.py).
     """
     make_router(router, num_replicas)  # a bad name or count fails before the fleet is built
+    workers = pool_size(scenario.run.workers, num_replicas, len(workload)) if router == "round_robin" else 1
+    if workers > 1:  # independent replicas: each in its own environment, in worker processes (fleet_pool.py)
+        probe = Fleet(scenario, policy_name, num_replicas, seed_index, indices=[0]).replicas[0]
+        check_clock(scenario, workload, probe.policy.compute)
+        outcomes = run_replicas(scenario, workload, policy_name, num_replicas, seed_index, workers, on_finish)
+        routed = [len(o.requests) for o in outcomes]
+        return _cluster_result(scenario, outcomes, policy_name, router, routed)
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index, on_finish)
     picker = make_router(router, num_replicas, fleet.replicas)
     check_clock(scenario, workload, fleet.replicas[0].policy.compute)
@@ -174,15 +182,20 @@ def simulate_cluster(
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
     # A static router (round robin) decides every request's replica in advance: a replica then stops only at its own
     # arrivals, so its runs do not end at every arrival of the fleet and the cost stays linear in the replicas.
+    # Behind a load-aware router a replica's runs pass every arrival and the one routed to it cuts its run in
+    # progress (sim/serving/skip_ahead.py ``cut_run``): its choice reads only outstanding tokens and prefix caches,
+    # which no run changes before its end (a run ends at its first finish, evicts nothing).
     static = isinstance(picker, RoundRobinRouter)
     own = [schedule.subset(np.arange(i, len(reqs), num_replicas)) for i in range(num_replicas)] if static else None
     for i, replica in enumerate(fleet.replicas):
-        mine = own[i] if static else schedule
-        replica.next_event_s = functools.partial(_next_relevant_s, mine, horizon_s, replica)
-        if not replica.disaggregated:
-            replica.arrivals_ahead = mine
+        if static:
+            follow_schedule(replica, own[i], horizon_s)
+        else:
+            replica.next_event_s = functools.partial(next_relevant_s, None, horizon_s, replica)
+            replica.cut_runs, replica.ties = True, schedule
     fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule, own))
-    return _cluster_result(fleet, policy_name, router, routed)
+    outcomes = [outcome_of(r, rec, fleet.env.now) for r, rec in zip(fleet.replicas, fleet.recorders)]
+    return _cluster_result(scenario, outcomes, policy_name, router, routed)
 
 
 def _route(
@@ -208,23 +221,20 @@ def _route(
             own[i].next_index += 1
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
+        if own is None:
+            replicas[i].cut_run()
         replicas[i].submit(req)
     schedule.next_index = len(reqs)
     for replica in replicas:
         replica.close()
 
 
-def _next_relevant_s(schedule: ArrivalSchedule, horizon_s: float, replica: Replica) -> float:
-    """The next event a replica behind the router must stop at: the horizon and, with remote prefill, the next
-    arrival and its own remote prefills feeding its queue (colocated, arrivals are its soft bound)."""
-    if not replica.disaggregated:
-        return horizon_s
-    return min(schedule.next_s(), horizon_s, replica.next_prefill_event_s())
-
-
-def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[int]) -> ClusterResult:
-    scenario, recs, replicas = fleet.scenario, fleet.recorders, fleet.replicas
-    tables = [requests_table(rec.requests).assign(replica=i) for i, rec in enumerate(recs)]
+def _cluster_result(
+    scenario: Scenario, outcomes: list[ReplicaOutcome], policy_name: str, router: str, routed: list[int]
+) -> ClusterResult:
+    """Merge the replicas' outcomes (one environment or worker processes) into the cluster's tables and summary."""
+    recs, first = [o.recorder for o in outcomes], outcomes[0]
+    tables = [o.requests.assign(replica=i) for i, o in enumerate(outcomes)]
     requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
     merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s, keep_steps=False)
     merged.totals = functools.reduce(StepTotals.merged, [rec.totals for rec in recs])
@@ -232,26 +242,33 @@ def _cluster_result(fleet: Fleet, policy_name: str, router: str, routed: list[in
     merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
     merged.gather_busy_s = sum(rec.gather_busy_s for rec in recs) / len(recs)
     merged.d2h_busy_s = sum(rec.d2h_busy_s for rec in recs) / len(recs)
-    end_s = fleet.end_s(requests)  # the merged queue ends its mean backlog after the run (summarize subtracts it)
+    end_s = _end_s(scenario, requests, max(o.end_now_s for o in outcomes))
+    # the merged queue ends its mean backlog after the run (summarize subtracts it)
     merged.d2h_free_s = end_s + sum(max(0.0, rec.d2h_free_s - end_s) for rec in recs) / len(recs)
     merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
-    kv = replicas[0].kv
     summary = summarize(
-        policy_name, requests, merged, scenario.slo, kv.fixed_hbm_bytes, kv.block_bytes,
-        end_s, max(r.kv.device.peak for r in replicas),
+        policy_name, requests, merged, scenario.slo, first.fixed_hbm_bytes, first.block_bytes,
+        end_s, max(o.peak_blocks for o in outcomes),
     )  # fmt: skip
-    summary["prefill_busy_frac"] /= len(replicas)  # summed over replicas by summarize
+    summary["prefill_busy_frac"] /= len(outcomes)  # summed over replicas by summarize
     link_busy_s = sum(rec.link_busy_s for rec in recs)  # the bytes are every replica's: so is the busy time
     summary["link_gbps_achieved"] = merged.totals.decode_recall_bytes / link_busy_s / 1e9 if link_busy_s else 0.0
     # replicas on a fuller node share their host path more: the link bound is the least shared replica's
-    check_physics(summary, max((bounds_of(r.policy) for r in replicas), key=lambda b: b.link_gbps), scenario)
-    summary.update(num_replicas=len(replicas), router=router, **unfinished_counts(requests))
+    check_physics(summary, max((o.bounds for o in outcomes), key=lambda b: b.link_gbps), scenario)
+    summary.update(num_replicas=len(outcomes), router=router, **unfinished_counts(requests))
     rows = [
-        _replica_row(i, n, table, rec, kv.fixed_hbm_bytes, kv.block_bytes, summary["duration_s"])
-        for i, (n, table, rec) in enumerate(zip(routed, tables, recs))
+        _replica_row(i, n, table, o.recorder, first.fixed_hbm_bytes, first.block_bytes, summary["duration_s"])
+        for i, (n, table, o) in enumerate(zip(routed, tables, outcomes))
     ]
-    pool_gib = kv.device.capacity * kv.block_bytes / GIB
+    pool_gib = first.capacity_blocks * first.block_bytes / GIB
     return ClusterResult(requests, summary, routed, pd.DataFrame(rows, columns=REPLICA_COLUMNS), pool_gib)
+
+
+def _end_s(scenario: Scenario, requests: pd.DataFrame, now_s: float) -> float:
+    """When the run ended (``Fleet.end_s`` of the clock ``now_s``): the last finish, or the clock when a horizon cut it
+    (or nothing finished)."""
+    end_s = float(requests["finish_s"].max()) if scenario.run.horizon_s is None else now_s
+    return now_s if np.isnan(end_s) else end_s
 
 
 def _replica_row(

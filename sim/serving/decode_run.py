@@ -87,6 +87,7 @@ def next_decode_run(
     now_s: float,
     next_event_s: float,
     arrivals: ArrivalSchedule | None = None,
+    ties: ArrivalSchedule | None = None,
 ) -> DecodeRun | None:
     """The longest skip-ahead run of decode steps from ``now_s`` (module docstring), or None when fewer than two steps
     qualify.
@@ -99,6 +100,9 @@ def next_decode_run(
         disaggregated: requests bring their KV from remote prefill (the admission's rule for queued requests).
         now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none);
         arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events).
+        ties: arrivals that may cut the run (a replica behind a load-aware router, sim/serving/cluster.py): no step of
+            the run ends exactly at one of them, so a cut (:func:`cut_run`) never has to order a step's end and an
+            arrival at the same instant.
     """
     b = batch
     if not policy.is_recall_free(b.offloaded):
@@ -108,6 +112,7 @@ def next_decode_run(
         return None
     compute = policy.compute
     overhead_s, head_s, num_layers = compute.step_overhead_s, compute.decode_head_s(len(b)), compute.num_layers
+    host_s = compute.overlapped_host_s(len(b))  # each step lasts at least this long (pipeline.host_bound_s)
     # Steps only get longer (more tokens attended), so at most (next event − now) / (first step's length) fit
     # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
     # with a queue, arrivals join behind its held-back head
@@ -124,7 +129,7 @@ def next_decode_run(
         steps = min(steps, int((arrival_s - now_s) / first_s) + 2)
     times = [now_s]
     for x in layer_s[:steps].tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
-        end_s = times[-1] + idle_step_s(overhead_s, [x] * num_layers, head_s)
+        end_s = times[-1] + idle_step_s(overhead_s, [x] * num_layers, head_s, host_s)
         if end_s >= next_event_s or end_s == arrival_s:
             break
         times.append(end_s)
@@ -133,12 +138,27 @@ def next_decode_run(
     k = len(times) - 1
     if k < 2:
         return None
+    if ties is not None:  # the step ending at an arrival that may cut the run is taken alone
+        k = min(k, ties.first_at(times[1 : k + 1]))
+        if k < 2:
+            return None
     k, ctx, held, need = fitting_steps(policy, b, kv, waiting, disaggregated, k)
     while k >= 2 and arrivals is not None and arrivals.at(times[k]):  # never end exactly at an arrival
         k -= 1
     if k < 2 or not lands_exactly(now_s, times[k]):
         return None
     return DecodeRun(times[: k + 1], attended[:k].tolist(), ctx[k - 1].copy(), held[k - 1].copy(), need[:k].tolist())
+
+
+def cut_run(run: DecodeRun, steps: int, policy: Policy, batch: DecodeBatch) -> DecodeRun:
+    """The first ``steps`` (1 <= steps <= ``run.steps``) of a recall-free skip-ahead run computed for ``batch`` (not
+    changed since): what stepping leaves after those steps (a run cut by an arrival, ``SkipAhead._wait_run``)."""
+    if steps == run.steps:
+        return run
+    ctx, held, need = grown_blocks(policy, batch, steps)
+    return DecodeRun(
+        run.times_s[: steps + 1], run.attended_tokens[:steps], ctx[-1].copy(), held[-1].copy(), need.tolist()
+    )
 
 
 def grown_blocks(policy: Policy, batch: DecodeBatch, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

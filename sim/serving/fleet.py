@@ -10,7 +10,7 @@ closed-loop sessions (sim/serving/sessions.py); :meth:`Fleet.run` runs until eve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -65,6 +65,8 @@ class Fleet:
         num_replicas: >= 1.
         seed_index: which of the scenario's generator streams (the policy's index in a single run).
         on_finish: called with each finished or rejected request.
+        indices: which replicas of the ``num_replicas`` to build (default all), each seeded and placed as in the
+            whole fleet (a worker process simulating some replicas of a static router, sim/serving/fleet_pool.py).
 
     Raises:
         CapacityError: if the model does not fit in HBM.
@@ -77,6 +79,7 @@ class Fleet:
         num_replicas: int = 1,
         seed_index: int = 0,
         on_finish: Callable[[Request], None] | None = None,
+        indices: Sequence[int] | None = None,
     ) -> None:
         self.scenario = scenario
         self.env = simpy.Environment()
@@ -84,7 +87,7 @@ class Fleet:
         self.recorders: list[Recorder] = []
         run = scenario.run
         sharing = replicas_sharing_node(scenario, num_replicas)
-        for i in range(num_replicas):
+        for i in range(num_replicas) if indices is None else indices:
             rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
             rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step, run.tables == "all")
             policy = make_policy(on_node(scenario, sharing[i]), policy_name)

@@ -133,6 +133,7 @@ class IoAdaptiveAdmission(Admission):
         if self.io.tpot_slo_s is None:
             return True
         step_s = compute.num_layers * layer_s + compute.decode_head_s(n + 1) + compute.step_overhead_s
+        step_s = max(step_s, compute.overlapped_host_s(n + 1))
         return step_s <= self.io.tpot_slo_s
 
     def io_allows(self, kv: KvState, batch: DecodeBatch, taken_blocks: float) -> bool:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.serving.decode_run import MAX_RUN_STEPS, DecodeRun, fitting_steps, lands_exactly
+from sim.serving.decode_run import MAX_RUN_STEPS, DecodeRun, fitting_steps, grown_blocks, lands_exactly
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 from sim.step.cost import StepCosts
 from sim.step.draws import RecallDraws
-from sim.step.timing import StepDevices
+from sim.step.timing import StepDevices, StepsTiming
 
 if TYPE_CHECKING:
     from sim.metrics.recorder import Recorder
@@ -52,6 +52,20 @@ class OffloadedRun:
     link_free_s: float  # the link's queue end after the run
     d2h_free_s: float  # the D2H queue's end after the run
     d2h_busy_s: float  # D2H seconds queued since the replica started, after the run
+    timing: tuple  # time_steps' arguments before its bound (now, compute, ..., sequential), stop_recall and host_s
+
+    def cut(self, steps: int, policy: Policy, batch: DecodeBatch, devices: StepDevices) -> OffloadedRun:
+        """The run's first ``steps`` (1 <= steps <= its steps), timed again from the same start (``batch``, its
+        recall state and ``devices`` not changed since): what stepping leaves after those steps (a run cut by an
+        arrival, ``SkipAhead._wait_run``)."""
+        run = self.run
+        if steps == run.steps:
+            return self
+        *args, stop_recall, host_s = self.timing
+        timed = devices.time_steps(*args, run.times_s[steps + 1], stop_recall, host_s=host_s)
+        assert timed.steps == steps, "a cut offloaded run timed differently"
+        ctx, held, need = grown_blocks(policy, batch, steps)
+        return _offloaded(self.costs, timed, steps, ctx[-1].copy(), held[-1].copy(), need.tolist(), self.timing)
 
     def commit(self, batch: DecodeBatch, devices: StepDevices) -> None:
         """What the run's steps leave in the batch's recall state (their draws consumed, as a single step's
@@ -72,6 +86,7 @@ def next_offloaded_run(
     now_s: float,
     next_event_s: float,
     arrivals: ArrivalSchedule | None = None,
+    ties: ArrivalSchedule | None = None,
 ) -> OffloadedRun | None:
     """The next run of offloaded decode steps from ``now_s`` (module docstring), or None when fewer than two fit.
     The caller has checked :func:`offload_runs_possible` for its configuration and that the batch holds an offloaded
@@ -87,6 +102,7 @@ def next_offloaded_run(
         arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events): with
             none queued the next one bounds the run (with a queue, arrivals join behind its held-back head, as in
             sim/serving/decode_run.py), and the run never ends exactly at one.
+        ties: arrivals that may cut the run (as in sim/serving/decode_run.py): no step ends exactly at one.
     """
     b, pol = batch, policy
     if arrivals is not None and not waiting:
@@ -98,6 +114,7 @@ def next_offloaded_run(
     steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS, max(2, MAX_RUN_CELLS // cells))
     compute = pol.compute
     overhead_s, head_s = compute.step_overhead_s, compute.decode_head_s(len(b))
+    host_s = compute.overlapped_host_s(len(b))  # each step lasts at least this long (pipeline.host_bound_s)
     if next_event_s < math.inf:  # a step takes at least its compute; offloaded requests attend at least the budget
         ctx0 = b.ctx + 1
         least = int(np.where(b.offloaded, np.minimum(ctx0, pol.sparse_tokens), ctx0).sum())
@@ -115,17 +132,31 @@ def next_offloaded_run(
     seen, timeline_step = recorder.recall_steps, recorder.timeline_step
     stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
     bound_s = next_event_s
+    args = (
+        now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.jobs, costs.lookahead_items,
+        costs.chunk_bytes, costs.sequential,
+    )  # fmt: skip
     while True:
-        timed = devices.time_steps(
-            now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.jobs, costs.lookahead_items,
-            costs.chunk_bytes, costs.sequential, bound_s, stop_recall,
-        )  # fmt: skip
+        timed = devices.time_steps(*args, bound_s, stop_recall, host_s=host_s)
         j, times = timed.steps, timed.times_s
+        tie = ties.first_at(times[1 : j + 1]) if ties is not None and j >= 2 else j
+        if tie < j:  # a step ends exactly at an arrival that may cut the run: time it again, ending before that step
+            bound_s = float(times[tie + 1])
+            continue
         if j < 2 or arrivals is None or not arrivals.at(float(times[j])):
             break
         bound_s = float(times[j])  # never end exactly at an arrival: time the run again, ending a step earlier
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None
+    timing = (*args, stop_recall, host_s)
+    return _offloaded(costs, timed, j, ctx[j - 1].copy(), held[j - 1].copy(), need[:j].tolist(), timing)
+
+
+def _offloaded(
+    costs: StepCosts, timed: StepsTiming, j: int, ctx: np.ndarray, held: np.ndarray, need: list[int], timing: tuple
+) -> OffloadedRun:
+    """The :class:`OffloadedRun` of the first ``j`` costed steps, timed (``timed``: ``StepsTiming`` of j steps)."""
+    times = timed.times_s
     recalled = np.flatnonzero(costs.has_recall[:j]).tolist()
     recall = {name: getattr(costs, name)[:j].tolist() for name in RECALL_COUNTS}
     recall.update(
@@ -133,11 +164,10 @@ def next_offloaded_run(
         gather_busy_s=timed.gather_busy_s[:j].tolist(),
     )  # fmt: skip
     run = DecodeRun(
-        times[: j + 1].tolist(), costs.attended_tokens[:j].tolist(), ctx[j - 1].copy(), held[j - 1].copy(),
-        need[:j].tolist(), recall, recalled, costs.layer_bytes[recalled], costs.layer_fragments[recalled],
-        timed.item_stall_s[recalled],
+        times[: j + 1].tolist(), costs.attended_tokens[:j].tolist(), ctx, held, need, recall, recalled,
+        costs.layer_bytes[recalled], costs.layer_fragments[recalled], timed.item_stall_s[recalled],
     )  # fmt: skip
-    return OffloadedRun(run, costs, timed.link_free_s, timed.d2h_free_s, timed.d2h_busy_s)
+    return OffloadedRun(run, costs, timed.link_free_s, timed.d2h_free_s, timed.d2h_busy_s, timing)
 
 
 def preload_kernels() -> None:

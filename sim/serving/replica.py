@@ -226,7 +226,8 @@ class Replica(Prefill, SkipAhead):
         cost = pol.step_cost(ctx[0], b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
         recalls = cost.recall_s is not None or cost.interrupt is not None
         intervals = rec.timeline_buffer() if recalls else None
-        timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s + extra_s, intervals)
+        overhead_s, host_s = pol.compute.step_overhead_s + extra_s, pol.compute.overlapped_host_s(len(b))
+        timing = yield from run_step(self.devices, cost, overhead_s, intervals, host_s)
         run = decode_run.DecodeRun([start, env.now], [cost.attended_tokens], ctx[0], held[0], need.tolist())
         stall = busy = gather = 0.0
         if timing is not None:  # it recalled

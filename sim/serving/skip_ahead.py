@@ -6,22 +6,66 @@ nothing) and sim/serving/offload_run.py (steps that recall) — and this mixin o
 ``Replica._apply_run``, the same code that applies a single decode step (a run of one): the clock, the batch, the
 pools, the admission's feedback, the step rows and the finished requests are what stepping leaves
 (tests/sim/test_skip_ahead.py, tests/sim/test_offload_run.py; docs/design.md §13).
+
+Runs cut by arrivals (:attr:`cut_runs`, a replica behind a load-aware router, sim/serving/cluster.py): the router's
+choice at an arrival reads each replica's outstanding tokens (and prefix cache), which change only at arrivals and at
+finishes, and no request finishes inside a run (a run ends at the first finish), so a replica's run need not end at
+arrivals routed elsewhere. It is computed up to its own events (its remote prefills, the horizon) and waited for as
+usual; an arrival routed here while it is in progress (:meth:`SkipAhead.cut_run`) cuts it at the first of its step
+boundaries after the arrival — where stepping first decides with the arrival seen — and the replica applies that
+prefix of the run (``cut_run``, ``OffloadedRun.cut``). No step of such a run ends exactly at an arrival of the fleet
+(the ``ties`` of ``next_decode_run``), so the cut never has to order two events of one instant. With colocated
+prefill and requests queued at its start a run is not cut: an arrival joins behind the held-back head, as with the
+arrivals' soft bound (sim/serving/decode_run.py).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Generator
 
 import numpy as np
 import simpy
 
-from sim.serving.decode_run import DecodeRun, next_decode_run
+from sim.serving.arrivals import timeout_at
+from sim.serving.decode_run import DecodeRun, cut_run, next_decode_run
 from sim.serving.offload_run import next_offloaded_run
 
 
 class SkipAhead:
     """Mixin of :class:`~sim.serving.replica.Replica` (uses its clock, batch, pools, admission, devices, recorder,
-    draws and ``next_event_s``)."""
+    draws and ``next_event_s``; sets :attr:`cut_runs` and :attr:`ties` behind a load-aware router)."""
+
+    cut_runs = False  # an arrival routed here cuts the run in progress (module docstring)
+    ties = None  # ArrivalSchedule | None: arrivals no step of a run may end exactly at (runs that may be cut)
+    _run_times_s: list[float] | None = None  # the step boundaries of the run in progress that an arrival may cut
+    _run_process: simpy.Process | None = None
+
+    def cut_run(self) -> None:
+        """An arrival is routed here now: cut the run in progress (when it may be cut) at its first step boundary
+        after now; the replica resumes there (:meth:`_wait_run`). Call before :meth:`Replica.submit`."""
+        times = self._run_times_s
+        if times is None or bisect_right(times, self.env.now) >= len(times) - 1:
+            return  # no run, or it ends at the first boundary after now anyway
+        self._run_times_s = None  # cut once
+        self._run_process.interrupt()
+
+    def _wait_run(self, times_s: list[float]) -> Generator[simpy.Event, object, int]:
+        """Wait until a run with step boundaries ``times_s`` ends; returns the steps taken, fewer when an arrival
+        cut it (:meth:`cut_run`: then the replica resumes at the first boundary after the arrival)."""
+        env = self.env
+        if not (self.cut_runs and (self.disaggregated or not self.waiting)):
+            yield env.timeout(times_s[-1] - env.now)
+            return len(times_s) - 1
+        self._run_times_s, self._run_process = times_s, env.active_process
+        try:
+            yield env.timeout(times_s[-1] - env.now)
+        except simpy.Interrupt:  # (the run's own timeout stays queued and fires later with nobody waiting on it)
+            steps = bisect_right(times_s, env.now)
+            yield timeout_at(env, times_s[steps])
+            return steps
+        self._run_times_s = None
+        return len(times_s) - 1
 
     def _decode_run(self) -> Generator[simpy.Event, object, bool]:
         """Skip-ahead: run the next decode steps at once while nothing but the step index changes
@@ -32,10 +76,13 @@ class SkipAhead:
         if self.chunked is not None or self.swap_s > 0:
             return False
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
-        run = next_decode_run(self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals)
+        run = next_decode_run(
+            self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals, self.ties
+        )
         if run is None:
             return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run())
-        yield env.timeout(float(run.times_s[-1]) - env.now)
+        steps = yield from self._wait_run(run.times_s)
+        run = cut_run(run, steps, self.policy, b)
         self._take_blocks(run)
         self._apply_run(run)
         return True
@@ -46,11 +93,13 @@ class SkipAhead:
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
         offloaded = next_offloaded_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals
-        )
+            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals,
+            self.ties,
+        )  # fmt: skip
         if offloaded is None:
             return False
-        yield env.timeout(float(offloaded.run.times_s[-1]) - env.now)
+        steps = yield from self._wait_run(offloaded.run.times_s)
+        offloaded = offloaded.cut(steps, self.policy, b, dev)
         offloaded.commit(b, dev)
         self._take_blocks(offloaded.run)
         self._apply_run(offloaded.run)

@@ -23,10 +23,15 @@ hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead an
 measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
 With H = h_attn = 0 and η_attn = η_moe = 1 this is a plain bandwidth roofline.
 
-Each decode step adds ``decode_step_overhead_us`` (scheduler and launches of a CUDA-graph step; timed by
+Each decode step adds the serving engine's serial host cost (sim/config/cards.py ``EngineSpec``: ``step_serial_us``,
+else the card's ``decode_step_overhead_us``: scheduler and launches of a CUDA-graph step; timed by
 sim/step/pipeline.py before layer 0) and, after the last layer, the LM head ``max((lm_head_bytes + H) / (BW · η_hbm),
-2·B·V·hidden / (peak_w · mfu))`` plus ``B · decode_request_overhead_us`` (each request's sampling, detokenisation and
-scheduling on the host, not hidden behind the GPU: Model assumption).
+2·B·V·hidden / (peak_w · mfu))`` plus ``B · request_serial_us`` (else the card's ``decode_request_overhead_us``: each
+request's host work done in series with the GPU). The engine's overlapped host work ``B · request_overlapped_us``
+(:meth:`ComputeModel.overlapped_host_s`: detokenisation and streaming in another process, an overlap scheduler)
+does not add: the step lasts max(serial step, overlapped host work), applied where steps are timed
+(sim/step/pipeline.py ``host_bound_s``), so a host-bound engine's small-GPU-work, large-batch steps stretch while
+large-GPU-work steps do not notice (docs/sources.md §11).
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
@@ -52,7 +57,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.config import ComputeProfile, HardwareSpec, ModelSpec
+from sim.config import DEFAULT_ENGINE, ComputeProfile, EngineSpec, HardwareSpec, ModelSpec
 from sim.config.parallel import allreduce_s
 
 
@@ -64,10 +69,17 @@ class ComputeModel:
         hardware: the GPU card (bandwidth, peak, efficiencies, per-step overhead, NVLink for ``tp_size`` > 1).
         profile: measured decode compute for this model (replaces the decode roofline), or None.
         tp_size: GPUs of the tensor-parallel group (adds the all-reduces when > 1).
+        engine: the serving engine's host path (serial and overlapped host costs); default: the card's serial
+            costs, nothing overlapped.
     """
 
     def __init__(
-        self, model: ModelSpec, hardware: HardwareSpec, profile: ComputeProfile | None = None, tp_size: int = 1
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        profile: ComputeProfile | None = None,
+        tp_size: int = 1,
+        engine: EngineSpec = DEFAULT_ENGINE,
     ) -> None:
         db = model.dtype_bytes
         hw = hardware
@@ -98,8 +110,9 @@ class ComputeModel:
         self.lm_head_params = model.vocab_size * model.hidden_size
         self.lm_head_bytes = self.lm_head_params * db
         self.weight_bytes = model.weight_bytes
-        self.step_overhead_s = hw.decode_step_overhead_us * 1e-6
-        self.request_overhead_s = hw.decode_request_overhead_us * 1e-6
+        self.step_overhead_s = engine.step_serial_s(hw)
+        self.request_overhead_s = engine.request_serial_s(hw)
+        self.overlapped_request_s = engine.request_overlapped_us * 1e-6
         self.profile = profile
         if profile is not None:
             self.step_overhead_s = 0.0  # measured inside head_s
@@ -109,6 +122,12 @@ class ComputeModel:
                 profile.layer_per_token_ns * 1e-9,
             )
             self._head = (profile.head_base_us * 1e-6, profile.head_per_request_us * 1e-6)
+
+    def overlapped_host_s(self, batch_size: int) -> float:
+        """The engine's host work of one decode step of ``batch_size`` requests that overlaps the GPU step, seconds:
+        the step lasts at least this long (sim/step/pipeline.py ``host_bound_s``); 0 when the engine overlaps nothing.
+        """
+        return batch_size * self.overlapped_request_s
 
     def experts_touched(self, batch_size: int) -> float:
         """Expected distinct experts per MoE layer for ``batch_size`` tokens (0 for dense models)."""

@@ -25,8 +25,9 @@ of ready jobs keyed by rank: the urgent correction of item i has key i, the pref
 **Steps in order** (:func:`time_steps`; docs/design.md §13). Each step starts where the previous one ended, from the
 link's queue the previous step left: D2H queue (:func:`fifo_end_s`), H2D slowdown (:func:`h2d_slowdown`,
 :func:`stretch`), one of the two pipelines from ``start + overhead``, and the clock advanced by ``end + head −
-start`` as a SimPy timeout of that delay does (:func:`idle_step_s` for a step that recalls nothing). It stops before
-the first step that ends at or after the next event, or that would be the ``stop_recall``-th step that recalls.
+start`` (at least the engine's overlapped host work, :func:`host_bound_s`) as a SimPy timeout of that delay does
+(:func:`idle_step_s` for a step that recalls nothing). It stops before the first step that ends at or after the next
+event, or that would be the ``stop_recall``-th step that recalls.
 
 **Compiled.** The functions below are plain Python; :func:`compiled_time_steps` compiles copies of them with numba
 (the ``fast`` extra; cached on disk), and ``run.kernels: python`` runs them as they are. Every compiled function
@@ -48,10 +49,19 @@ INTERVAL_KINDS = ("compute", "gather", "transfer")
 _SEG, _LINK_FREE, _LINK_DONE, _CHECK, _BUSY, _GBUSY = range(6)
 
 
-def idle_step_s(overhead_s, compute_s, head_s):
+def host_bound_s(serial_s, host_s):
+    """Seconds a decode step holds the clock: its serial part ``serial_s`` (host overhead, layers with their recall
+    stalls, LM head and serial per-request host work) or, when longer, the engine's host work that overlaps the GPU
+    step ``host_s`` (B · ``request_overlapped_us``, sim/step/compute.py ``ComputeModel.overlapped_host_s``; 0 for an
+    engine that overlaps nothing, which leaves ``serial_s`` as it is). The one place the max rule is applied."""
+    return serial_s if serial_s >= host_s else host_s
+
+
+def idle_step_s(overhead_s, compute_s, head_s, host_s):
     """Seconds a decode step that recalls nothing holds the clock: the host overhead, its items' compute back to back
-    (``compute_s``: an iterable of seconds, summed in order) and the LM head."""
-    return overhead_s + sum(compute_s) + head_s
+    (``compute_s``: an iterable of seconds, summed in order) and the LM head, at least the overlapped host work
+    ``host_s`` (:func:`host_bound_s`)."""
+    return host_bound_s(overhead_s + sum(compute_s) + head_s, host_s)
 
 
 def h2d_slowdown(d2h_busy_s, step_s, coupling):
@@ -294,7 +304,7 @@ def _interruptible(t0, compute, prefetch, correction, lookahead, chunk_bytes, li
 
 def time_steps(  # noqa: PLR0913
     now_s, compute, has_recall, pipeline, prefetch, correction, lookahead, chunk_bytes, link_s, gather_s, overhead_s,
-    head_s, d2h_s, coupling, link_free, d2h_free, d2h_busy, next_event_s, stop_recall, intervals,
+    head_s, d2h_s, coupling, link_free, d2h_free, d2h_busy, next_event_s, stop_recall, intervals, host_s,
 ):  # fmt: skip
     """Time up to k decode steps in order from ``now_s`` (module docstring); rows past the steps timed are scratch.
 
@@ -314,6 +324,8 @@ def time_steps(  # noqa: PLR0913
             ``stop_recall``-th step that recalls.
         intervals: float64 [m, 5] receives the steps' intervals (kind, item, start s, end s, pre-empted), m ≥ 5 n per
             step timed; [0, 5]: none recorded.
+        host_s: the engine's overlapped host work of one step (the batch is the same in every step): each step
+            holds the clock at least this long (:func:`host_bound_s`).
 
     Returns:
         (steps timed j, times float64 [k + 1] of which the first j + 1 are the step boundaries, each step's clock
@@ -352,14 +364,14 @@ def time_steps(  # noqa: PLR0913
                     start + overhead_s, compute[t], link_s[t], gather_s[t], slow, link_free, item_stalls[t],
                     intervals, count,
                 )  # fmt: skip
-            delay = end_s + head_s - start
+            delay = host_bound_s(end_s + head_s - start, host_s)
             if start + delay >= next_event_s:
                 break
             recalled += 1
             link_free = free
             stalls[t], busys[t], gathers[t] = stall, busy, gbusy
         else:
-            delay = idle_step_s(overhead_s, compute[t], head_s)
+            delay = idle_step_s(overhead_s, compute[t], head_s, host_s)
             if start + delay >= next_event_s:
                 break
         d2h_free, d2h_busy = step_free, step_busy
@@ -371,8 +383,8 @@ def time_steps(  # noqa: PLR0913
 
 
 KERNEL_FUNCTIONS = (
-    "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "_record", "_sequential", "_push", "_pop", "_release",
-    "_dispatch", "_preempt_or_finish", "_interruptible", "time_steps",
+    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "_record", "_sequential", "_push",
+    "_pop", "_release", "_dispatch", "_preempt_or_finish", "_interruptible", "time_steps",
 )  # fmt: skip
 _compiled: dict = {}
 

@@ -2,9 +2,9 @@
 
 :meth:`StepDevices.time_steps` hands :func:`sim.step.pipeline.time_steps` the devices' queues; :func:`run_step` is
 a step that recalls as a run of one, on SimPy's clock. The pipeline follows from the cost (``cost.interrupt``:
-interruptible, else sequential). A step that recalls nothing takes overhead + Σ compute + head
-(:func:`~sim.step.pipeline.idle_step_s`) and never loads numba. The link's queued H2D work (``link_free_s``) carries
-over between steps.
+interruptible, else sequential). A step that recalls nothing takes overhead + Σ compute + head, at least the
+engine's overlapped host work (:func:`~sim.step.pipeline.idle_step_s`), and never loads numba. The link's queued
+H2D work (``link_free_s``) carries over between steps.
 
 D2H (docs/design.md §8; copy engines are per direction, docs/sources.md §3.2): one D2H queue per GPU carries the
 eager per-token backups (``StepCost.d2h_bytes``, queued at each decode step's start) and the prompt KV of requests
@@ -107,6 +107,7 @@ class StepDevices:
         next_event_s: float = math.inf,
         stop_recall: float = math.inf,
         record: bool = False,
+        host_s: float = 0.0,
     ) -> StepsTiming:
         """Time k decode steps from ``now_s`` and the devices' queues, which are read, not changed
         (:func:`sim.step.pipeline.time_steps`, compiled unless ``run.kernels: python`` or numba is missing).
@@ -122,6 +123,8 @@ class StepDevices:
             next_event_s: stop before the first step that would end at or after it.
             stop_recall: stop before the ``stop_recall``-th step that recalls (the timeline's step).
             record: keep the steps' intervals (``StepsTiming.intervals``).
+            host_s: the engine's overlapped host work of each step (seconds; each step lasts at least this long,
+                sim/step/pipeline.py ``host_bound_s``).
 
         Raises:
             ValueError: both ``jobs`` and ``sequential`` given.
@@ -143,14 +146,14 @@ class StepDevices:
             float(now_s), compute, np.ascontiguousarray(has_recall, dtype=np.bool_), pipeline, prefetch, correction,
             int(lookahead_items), float(chunk_bytes), link_s, gather_s, float(overhead_s), float(head_s), d2h_s,
             d2h.d2h_coupling if d2h is not None else 0.0, self.link_free_s, self.d2h_free_s, self.d2h_busy_s,
-            float(next_event_s), float(stop_recall), intervals,
+            float(next_event_s), float(stop_recall), intervals, float(host_s),
         )  # fmt: skip
         kept = [(INTERVAL_KINDS[int(r[0])], int(r[1]), float(r[2]), float(r[3]), bool(r[4])) for r in intervals[:rows]]
         return StepsTiming(j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, kept)
 
 
 def run_step(
-    devices: StepDevices, cost: StepCost, overhead_s: float, intervals: list[tuple] | None = None
+    devices: StepDevices, cost: StepCost, overhead_s: float, intervals: list[tuple] | None = None, host_s: float = 0.0
 ) -> Generator[simpy.Event, object, StepTiming | None]:
     """Advance the clock through one decode step starting now; use as ``timing = yield from run_step(...)``.
 
@@ -159,6 +162,8 @@ def run_step(
         cost: what the step costs (per-item compute; per-layer link and gather times, or interruptible jobs).
         overhead_s: per-step host overhead before layer 0.
         intervals: if a list, receives the step's ``(kind, item, start_s, end_s, preempted)`` intervals.
+        host_s: the engine's overlapped host work of the step (it lasts at least this long; sim/step/pipeline.py
+            ``host_bound_s``).
 
     Returns:
         The step's :class:`StepTiming`, or None when the step recalled nothing.
@@ -167,7 +172,7 @@ def run_step(
     start = env.now
     if cost.recall_s is None and cost.interrupt is None:
         devices.queue_d2h(start, cost.d2h_bytes)
-        yield env.timeout(idle_step_s(overhead_s, cost.compute_s, cost.head_s))
+        yield env.timeout(idle_step_s(overhead_s, cost.compute_s, cost.head_s, host_s))
         return None
     compute = np.array(cost.compute_s, dtype=np.float64)[None]
     jobs = sequential = None
@@ -180,7 +185,7 @@ def run_step(
         sequential = (np.array(cost.recall_s, dtype=np.float64)[None], np.array(gather_s, dtype=np.float64)[None])
     run = devices.time_steps(
         start, compute, RECALLS, overhead_s, cost.head_s, cost.d2h_bytes, jobs, lookahead_items, chunk_bytes,
-        sequential, record=intervals is not None,
+        sequential, record=intervals is not None, host_s=host_s,
     )  # fmt: skip
     devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = run.link_free_s, run.d2h_free_s, run.d2h_busy_s
     if intervals is not None:

@@ -18,8 +18,9 @@ from traces.measured import read_measured, write_measured
 
 FIXTURES = Path(__file__).resolve().parents[1] / "traces" / "fixtures" / "measured"
 CARD = ["serving.prefill=colocated", "model=llama-3.1-8b", "hardware=h100-sxm"]
-# the "real" server: an H100 whose figures differ from the shipped card's
-TRUE = ["hardware.hbm_efficiency=0.7", "hardware.decode_step_overhead_us=2500", "hardware.prefill_mfu=0.4"]
+# the "real" server: an H100 whose figures differ from the shipped card's (chosen away from the fitted values:
+# slower reads, less per-step cost; the shipped card is 24-34 % slow on mean TPOT, README "Is the simulator right")
+TRUE = ["hardware.hbm_efficiency=0.8", "hardware.decode_step_overhead_us=500", "hardware.prefill_mfu=0.4"]
 GEN = ["workload.trace=null", "workload.time_scale=1", "workload.synthetic.prompt_tokens_cv=0.3",
        "workload.synthetic.output_tokens_cv=0.3"]  # fmt: skip
 

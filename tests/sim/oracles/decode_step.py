@@ -35,7 +35,8 @@ def decode_step(self: Replica) -> Generator[simpy.Event, object, None]:
     cost = pol.step_cost(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
     recalls = cost.recall_s is not None or cost.interrupt is not None
     intervals = rec.timeline_buffer() if recalls else None
-    timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals)
+    host_s = pol.compute.overlapped_host_s(len(b))
+    timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals, host_s)
     stall = busy = gather = 0.0
     if timing is not None:
         rec.recall_steps += 1

@@ -1,0 +1,56 @@
+"""The serving fit's parameters (calibrate/serving_fit.py): the card's values go on every case's hardware card, an
+engine's values only on the cases run on that engine's card, and each case runs on the engine card its ``engine``
+string names (calibrate/serving_cases.py ``engine_card``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate import serving_cases as sc
+from calibrate import serving_fit as sf
+from sim.config import load_scenario
+
+
+@pytest.mark.parametrize(
+    ("engine", "card"),
+    [
+        ("vllm 0.8.2 (uvx --with vllm==0.8.2)", "vllm-0.8"),
+        ("vllm 0.8.4", "vllm-0.8"),
+        ("vllm 0.11.2.dev358", "generic"),
+        ("vllm unknown (Aug 2024, vLLM 0.5.x)", "generic"),
+        ("trtllm v0.6.1", "trtllm"),
+        ("sglang 0.4.3.post4", "sglang"),
+        ("other: ShadowKV (research prototype)", "generic"),
+    ],
+)
+def test_a_cases_engine_string_names_its_engine_card(engine, card):
+    assert sc.engine_card(engine) == card
+
+
+def test_every_modelled_case_runs_on_its_engine_card():
+    for case in sc.load_suite():
+        if case.not_modelled:
+            continue
+        scn = load_scenario("default", sc.case_overrides(case))
+        assert scn.engine.name == sc.engine_card(case.engine), case.name
+
+
+def test_engine_values_go_only_on_their_engines_cases():
+    params = {"hbm_efficiency": 0.9, "engine.vllm-0.8.request_overlapped_us": 120.0}
+    assert sf.overrides_for(params, "vllm-0.8") == ["hardware.hbm_efficiency=0.9", "engine.request_overlapped_us=120.0"]
+    assert sf.overrides_for(params, "trtllm") == ["hardware.hbm_efficiency=0.9"]
+    assert sf.card_params(params) == {"hbm_efficiency": 0.9}
+    assert sf.engine_params(params) == {"vllm-0.8": {"request_overlapped_us": 120.0}}
+    (case,) = sc.load_suite(["vllmbench_h200_llama31_8b_fp8_vllm082_10000_500"])
+    scn = load_scenario("default", [*sc.case_overrides(case), *sf.overrides_for(params, "vllm-0.8")])
+    assert scn.engine.request_overlapped_us == 120.0 and scn.hardware.hbm_efficiency == 0.9
+
+
+def test_fitted_engines_have_fit_cases_and_the_start_is_within_bounds():
+    fit_engines = {sc.engine_card(c.engine) for c in sc.load_suite(sets=("fit",)) if not c.not_modelled}
+    assert set(sf.ENGINE_FIT_PARAMETERS) <= fit_engines  # an engine without fit cases is not fitted
+    start = sf.shipped_start()
+    assert start.keys() == sf.PARAMETERS.keys()
+    for name, value in start.items():
+        lo, hi, _ = sf.PARAMETERS[name]
+        assert lo <= value <= hi, name
