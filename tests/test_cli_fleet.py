@@ -42,6 +42,15 @@ def test_simulate_a_priced_fleet_writes_replicas_and_the_bill(tmp_path, capsys):
     assert "h200: 2.5" in (out / "scenario.yaml").read_text()
 
 
+def test_a_price_for_another_card_is_said_not_silently_dropped(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["simulate", *_sets(TINY), "--no-progress", "--gpu-hour-usd", "h100-sxm=3", "--out", str(out)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "note: --gpu-hour-usd prices h100-sxm, not this scenario's card h200" in err
+    assert "usd_per_hour" not in pd.read_csv(out / "summary.csv").columns
+
+
 @pytest.mark.parametrize(
     ("value", "needles"),
     [

@@ -291,6 +291,9 @@ def _run_serving(args: argparse.Namespace) -> int:
     return 0
 
 
+MEASURED_SUFFIXES = (".json", ".jsonl", ".csv")  # benchmark outputs (traces/measured/), never a scenario
+
+
 def _run_from_measured(args: argparse.Namespace) -> int:
     """``calibrate --from-measured FILE ... [SCENARIO]``: fit, hold out, write the profile (or refuse)."""
     import yaml
@@ -302,8 +305,9 @@ def _run_from_measured(args: argparse.Namespace) -> int:
 
     items = list(args.from_measured)
     scenario = None
-    if items and (items[-1].endswith((".yaml", ".yml")) or not Path(items[-1]).is_file()):
-        scenario = items.pop()  # the last item names the scenario
+    last = items[-1] if items else ""
+    if last.endswith((".yaml", ".yml")) or (not Path(last).is_file() and not last.endswith(MEASURED_SUFFIXES)):
+        scenario = items.pop()  # the last item names the scenario (a missing .json/.jsonl/.csv is a measured file)
         with usage_errors("SCENARIO: "):
             resolve_scenario_path(scenario)
     if not items:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,13 @@ def run(args: argparse.Namespace) -> int:
 
         prices = {**scenario.cost.gpu_hour_usd, **parse_prices(args.gpu_hour_usd, scenario.hardware.name)}
         scenario = scenario.model_copy(update={"cost": CostSpec(gpu_hour_usd=prices)})
+        card = scenario.hardware.name
+        if card.lower() not in {name.lower() for name in prices}:
+            print(
+                f"note: --gpu-hour-usd prices {', '.join(sorted(prices))}, not this scenario's card {card}: the "
+                "summary has no cost columns",
+                file=sys.stderr,
+            )
     fleet = scenario.serving.replicas > 1
     if args.plots and fleet:
         raise UsageError(

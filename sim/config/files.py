@@ -212,6 +212,8 @@ def read_yaml(path: Path, what: str = "") -> dict[str, Any]:
         raise ScenarioError(f"{what}{path}: cannot read as UTF-8 text ({exc.__class__.__name__}: {exc})") from None
     except ScenarioError as exc:
         raise type(exc)(f"{what}{exc}") from None
+    if data is None:
+        raise ScenarioError(f"{what}{path}: the file is empty (or only comments); expected a mapping of keys")
     if not isinstance(data, dict):
         raise ScenarioError(f"{what}{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

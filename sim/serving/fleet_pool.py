@@ -4,8 +4,9 @@ A static router decides every request's replica from the arrival order alone, so
 clock: replica ``i`` of a fleet can be simulated in its own SimPy environment, seeded and placed as in the whole
 fleet (``Fleet(..., indices=[i])``: the generator of ``(seed, seed_index, i)``, its node's host share), fed its
 own requests by :func:`feed` at the times the fleet's router submits them. :func:`run_replicas` runs them in a
-pool of ``workers`` processes (``concurrent.futures``, spawned) and returns one :class:`ReplicaOutcome` each, in
-replica order; ``simulate_cluster`` (sim/serving/cluster.py) merges them into the tables and summary the
+pool of ``workers`` processes (sim/workers.py: spawned, stopped together on Ctrl-C, SIGTERM or a failure) and
+returns one :class:`ReplicaOutcome` each, in replica order; ``simulate_cluster`` (sim/serving/cluster.py) merges
+them into the tables and summary the
 one-environment run gives (tests/sim/test_fleet_scale.py compares them).
 
 Same times, same order: the router submits arrival ``m`` after waiting ``arrival_s − now`` from the fleet's
@@ -25,7 +26,7 @@ import math
 import multiprocessing
 import os
 from collections.abc import Callable, Generator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ from sim.metrics.physics import PhysicsBounds, bounds_of
 from sim.serving.arrivals import ArrivalSchedule, timeout_at
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
+from sim.workers import WorkerPool
 
 AUTO_MIN_REQUESTS = 2_000  # ``run.workers: auto`` starts a pool only for fleets serving at least this many requests
 
@@ -125,19 +127,19 @@ def run_replicas(
         mine = np.arange(i, len(workload), num_replicas)
         rows = workload.iloc[mine]
         tasks.append((scenario, policy_name, num_replicas, seed_index, i, rows, schedule.subset(mine), before[mine]))
-    context = multiprocessing.get_context("spawn")
     outcomes: list[ReplicaOutcome | None] = [None] * num_replicas
-    with ProcessPoolExecutor(max_workers=min(workers, num_replicas), mp_context=context) as pool:
-        try:
-            futures = [pool.submit(simulate_replica, *task, last_s) for task in tasks]
-            for i, future in enumerate(futures):
-                outcomes[i] = future.result()
-                if on_finish is not None:
-                    for _ in range(len(outcomes[i].requests)):
-                        on_finish(None)
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    with WorkerPool(min(workers, num_replicas)) as pool:  # Ctrl-C, SIGTERM or a failed replica stops every worker
+        futures = [pool.submit(simulate_replica, *task, last_s) for task in tasks]
+        index = {future: i for i, future in enumerate(futures)}
+
+        def collect(future: Future) -> None:
+            i = index[future]
+            outcomes[i] = future.result()
+            if on_finish is not None:
+                for _ in range(len(outcomes[i].requests)):
+                    on_finish(None)
+
+        pool.wait(futures, on_done=collect)
     return outcomes
 
 

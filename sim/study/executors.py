@@ -13,21 +13,10 @@ is and left running). Ray is an optional extra, imported only here and only for 
 
 A task that raises re-raises its exception here (the first failure to come back).
 
-Stopping. Whatever leaves a pool early (a task's exception, Ctrl-C's ``KeyboardInterrupt``, or the CLI's SIGTERM
-and SIGHUP exceptions, ``KeyboardInterrupt`` subclasses) stops its workers at once instead of waiting for their
-tasks:
-
-1. each worker gets SIGTERM; in a task it raises ``KeyboardInterrupt`` there, so the task's ``finally`` and
-   ``with`` blocks run (an Optuna trial is marked failed, a journal lock released), then the worker exits;
-   an idle worker exits at once;
-2. a worker still alive after :data:`STOP_GRACE_S` is killed; then the pool is shut down, and with no worker
-   left, multiprocessing's resource tracker exits too;
-3. Ray: every pending task is cancelled, and a Ray this process started is shut down.
-
-SIGINT, SIGTERM and SIGHUP that arrive while the workers stop are delivered once they have stopped (a second
-Ctrl-C cannot cut the stop short). Workers ignore SIGINT and SIGHUP: the terminal's Ctrl-C and hangup reach the
-whole process group, and the parent alone decides what stops. Results that came back before the stop were already
-handed to ``on_done``.
+Stopping. Whatever leaves a pool early (a task's exception, Ctrl-C, the CLI's SIGTERM and SIGHUP) stops its workers
+at once instead of waiting for their tasks: the local pool as sim/workers.py describes (the one process pool of the
+project); on Ray every pending task is cancelled, and a Ray this process started is shut down. Results that came
+back before the stop were already handed to ``on_done``.
 """
 
 from __future__ import annotations
@@ -36,20 +25,15 @@ import os
 import signal
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
-from multiprocessing import get_context
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
+
+from sim.workers import HELD_SIGNALS, POLL_S, WorkerPool, signals_held  # noqa: F401  (signals_held: for the CLI)
 
 BACKENDS = ("local", "ray")
 RAY_EXTRA = "pip install -e '.[ray]'"
-# signals held while workers stop (SIGHUP: POSIX only)
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
-STOP_GRACE_S = 10.0  # a stopped worker's time to unwind its task before it is killed
 RAY_CONNECT_TIMEOUT_S = 5.0  # the probe of an explicit --ray-address
-POLL_S = 0.5  # how often a waiting pool calls its ``on_wait``
 
 
 class FieldError(ValueError):
@@ -154,118 +138,6 @@ def run_tasks(
 
         pool.wait(list(futures), on_done=collect)
     return [results[i] for i in range(len(tasks))]
-
-
-class WorkerPool:
-    """``jobs`` spawned worker processes that stop together (the module docstring's "Stopping").
-
-    Use as a context manager: leaving the block normally waits for every task; leaving it by an exception
-    (Ctrl-C and SIGTERM included) stops the workers first (:meth:`stop`), then re-raises.
-    """
-
-    def __init__(self, jobs: int) -> None:
-        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker)
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self._pool.shutdown(wait=True)
-        else:
-            self.stop()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """``fn(*args)`` in a worker (module-level ``fn``, picklable arguments)."""
-        return self._pool.submit(_run_in_worker, fn, args)
-
-    def wait(
-        self,
-        futures: list[Future],
-        on_done: Callable[[Future], None] | None = None,
-        on_wait: Callable[[], None] | None = None,
-    ) -> None:
-        """Until every future is done: ``on_done(future)`` as each finishes (a failed future raises there when
-        ``on_done`` reads its result), ``on_wait()`` every :data:`POLL_S` seconds. Waiting in short slices keeps
-        this process responsive to signals."""
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if on_done:
-                    on_done(future)
-                elif future.exception() is not None:
-                    raise future.exception()
-            if on_wait:
-                on_wait()
-
-    def stop(self) -> None:
-        """Stop every worker now: SIGTERM, :data:`STOP_GRACE_S` to unwind, then SIGKILL; then shut the pool down."""
-        with signals_held():
-            # ProcessPoolExecutor has no public handle on its processes before Python 3.14 (terminate_workers)
-            processes = list((getattr(self._pool, "_processes", None) or {}).values())
-            for process in processes:
-                if process.is_alive():
-                    process.terminate()
-            deadline = time.monotonic() + STOP_GRACE_S
-            for process in processes:
-                process.join(max(0.0, deadline - time.monotonic()))
-                if process.is_alive():
-                    process.kill()
-                    process.join()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP that arrive inside the block are delivered when it ends (so a second Ctrl-C cannot
-    cut a stop short and leave workers behind, nor split the results folder's two renames, pulseinfer/outdir.py);
-    only in the main thread, where Python runs signal handlers. Handlers are swapped rather than the signals
-    blocked: a process-directed signal reaches any thread that does not block it (tqdm's monitor, numba's)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in HELD_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-    for signum in caught:  # the first one not ignored (SIGHUP under nohup) is acted on by the handler restored above
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.raise_signal(signum)  # KeyboardInterrupt, the CLI's Terminated or HungUp
-            break
-
-
-_in_task = False  # worker processes: whether a task is running (SIGTERM then unwinds it before exiting)
-
-
-def _init_worker() -> None:
-    """Worker initializer: ignore SIGINT and SIGHUP (the parent decides), turn SIGTERM into a stop
-    (:func:`_on_stop`)."""
-    for signum in HELD_SIGNALS:
-        if signum != signal.SIGTERM:
-            signal.signal(signum, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_stop)
-
-
-def _on_stop(signum: int, frame: object) -> None:
-    if _in_task:
-        raise KeyboardInterrupt  # unwinds the task (its finally/with blocks run); _run_in_worker then exits
-    os._exit(128 + signum)
-
-
-def _run_in_worker(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` in a worker; a stop (SIGTERM) during it ends the process once the task has unwound."""
-    global _in_task
-    _in_task = True
-    try:
-        return fn(*args)
-    except KeyboardInterrupt:
-        os._exit(128 + signal.SIGTERM)
-    finally:
-        _in_task = False
 
 
 def _import_ray():

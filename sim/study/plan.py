@@ -337,6 +337,8 @@ def sample_note(cell: CellPlanner, found: Bisection) -> str:
     """Why the single-replica answer is bounded by the sample rather than the SLO ('' when it is not)."""
     if found.capped:
         return f"still feasible at the highest rate tried ({found.rate:.3g}/s): the maximum may be higher"
+    if found.rate <= 0 and found.tested:
+        return miss_note(cell, min(r for r, _ in found.tested))
     above = [r for r, ok in found.tested if not ok and r > found.rate]
     if not above:
         return ""
@@ -347,6 +349,22 @@ def sample_note(cell: CellPlanner, found: Bisection) -> str:
             f"({summary['steady_problem']}); raise --max-requests for a longer sample"
         )
     return ""
+
+
+def miss_note(cell: CellPlanner, rate: float) -> str:
+    """What one replica misses at ``rate`` (req/s; the lowest rate tried when it misses at every rate), e.g.
+    ``at 0.0194/s, the lowest rate tried: ttft_p99_s 10.02 > 10`` (seconds, as the columns)."""
+    summary = cell.single(rate)
+    misses = []
+    for col, bound in cell.cfg.slo.bounds().items():
+        value = summary.get(col, math.nan)
+        if value is None or math.isnan(value) or value > bound:
+            misses.append(f"{col} {value:.4g} > {bound:.4g}")
+    if summary.get("incomplete", 0):
+        misses.append(f"{int(summary['incomplete'])} requests incomplete")
+    if not summary.get("finished", 0):
+        misses.append("no request finished")
+    return f"at {rate:.3g}/s, the lowest rate tried: {', '.join(misses) or 'the SLO'}"
 
 
 def agree_with_single(cell: CellPlanner, router: str, n: int | None, summary: dict, max_rate: float):

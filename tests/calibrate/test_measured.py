@@ -160,3 +160,12 @@ def test_calibration_with_no_comparable_metric_is_refused(tmp_path, capsys):
     assert main(["calibrate", "--from-measured", str(huge), "--trials", "3", *sets, "--out", str(tmp_path / "c")]) == 2
     assert "max_seq_len" in capsys.readouterr().err
     assert not (tmp_path / "c" / "profile.yaml").exists()
+
+
+@pytest.mark.parametrize("given", [["sglang_bench_serving.jsonl", "run2.json"], ["run2.json"]], ids=["last", "only"])
+def test_a_missing_measured_file_is_named_as_one_not_as_a_scenario(tmp_path, capsys, given):
+    paths = [str(FIXTURES / name) if (FIXTURES / name).is_file() else str(tmp_path / name) for name in given]
+    assert main(["calibrate", "--from-measured", *paths, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: --from-measured {tmp_path / 'run2.json'}: no such file"
+    assert not (tmp_path / "out").exists()

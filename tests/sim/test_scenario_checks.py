@@ -107,3 +107,11 @@ def test_enormous_synthetic_workload_is_refused_with_the_estimate(capsys, monkey
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "workload.synthetic.num_requests: 1000000000000 requests need about 3,814,697.3 GiB" in err
     assert "1.0 GiB available" in err
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"], ids=["empty", "comment"])
+def test_an_empty_scenario_file_says_it_is_empty(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match="the file is empty"):
+        load_scenario(str(path))

@@ -169,3 +169,15 @@ def test_more_replicas_never_breach_an_slo_that_fewer_met(constant_overrides):
         assert met[-1], met
         first = met.index(True)
         assert all(met[first:]), (router, met)
+
+
+def test_a_replica_that_misses_at_every_rate_says_which_bound_and_by_how_much(constant_overrides):
+    """A TTFT bound below one prefill cannot be met at any rate: the note names the column, its value and the bound
+    at the lowest rate tried (the row itself has no rate to report)."""
+    cfg = _plan_config(constant_overrides, TailSlo(tpot_p99_s=10.0, ttft_p99_s=1e-6), target_rate_per_s=1.0)
+    (row,) = plan_cell(cfg, "h200", "sglang")[:1]
+    assert row["max_rate_per_s"] == 0.0 and not row["meets_slo"]
+    head, _, tail = row["note"].partition("; ")
+    assert head.startswith("at ") and ", the lowest rate tried: ttft_p99_s " in head and head.endswith(" > 1e-06")
+    assert "tpot_p99_s" not in head  # the TPOT bound held
+    assert tail == "one replica misses the SLO at every rate tried"
