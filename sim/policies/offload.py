@@ -275,7 +275,7 @@ class OffloadServing(Policy):
             if params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), link[:, 0], 1)
             elif overhead is not None:
-                costs.compute_s = np.tile(group_s, L) + overhead
+                costs.compute_s = self._plus_layers(overhead, group_s)
         else:  # items in GPU order, split into prefetch and urgent correction
             item_bytes, item_copy, item_gather = items(nbytes).astype(float), items(link), items(gather)
             item_s = item_copy
@@ -284,8 +284,9 @@ class OffloadServing(Policy):
             elif params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), item_copy, costs.lookahead_items)
             if overhead is not None:  # (never with gpu_gather: its recall is in the graph)
-                costs.compute_s = np.tile(group_s, L) + overhead
-            parts = np.stack([item_bytes, item_s, item_copy, item_gather], axis=-1)  # float64 [k, L·G, 4]
+                costs.compute_s = self._plus_layers(overhead, group_s)
+            parts = np.empty((k, L * G, 4))  # float64 [k, L·G, 4]
+            parts[..., 0], parts[..., 1], parts[..., 2], parts[..., 3] = item_bytes, item_s, item_copy, item_gather
             f = self.correction_frac
             costs.jobs = ((1 - f) * parts, f * parts)
         return costs
@@ -329,6 +330,13 @@ class OffloadServing(Policy):
         if self.selection_cost is None:
             return layer_s
         return layer_s + self.selection_cost.seconds_array(candidates)
+
+    def _plus_layers(self, items_s: np.ndarray, group_s: np.ndarray) -> np.ndarray:
+        """``items_s`` (float64 [k, L·G], GPU order; overwritten and returned) plus each group's layer seconds
+        (float64 [k, G]) at every layer: ``np.tile(group_s, L) + items_s`` without the tiled copy."""
+        view = items_s.reshape(len(items_s), self.num_layers, self.groups)
+        view += group_s[:, None, :]
+        return items_s
 
     def _sm_shared(self, compute_s: np.ndarray, kernel_s: np.ndarray, lookahead: int) -> np.ndarray:
         """Per-item compute (float64 [k, items]) with the SM time GPU gather kernels (float64 [k, m]) take

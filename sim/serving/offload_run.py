@@ -157,7 +157,8 @@ def _offloaded(
 ) -> OffloadedRun:
     """The :class:`OffloadedRun` of the first ``j`` costed steps, timed (``timed``: ``StepsTiming`` of j steps)."""
     times = timed.times_s
-    recalled = np.flatnonzero(costs.has_recall[:j]).tolist()
+    steps = np.flatnonzero(costs.recall_bytes[:j] > 0)  # the steps that recalled (has_recall of the first j)
+    recalled = steps.tolist()
     recall = {name: getattr(costs, name)[:j].tolist() for name in RECALL_COUNTS}
     recall.update(
         stall_s=timed.stall_s[:j].tolist(), link_busy_s=timed.link_busy_s[:j].tolist(),
@@ -165,7 +166,7 @@ def _offloaded(
     )  # fmt: skip
     run = DecodeRun(
         times[: j + 1].tolist(), costs.attended_tokens[:j].tolist(), ctx, held, need, recall, recalled,
-        costs.layer_bytes[recalled], costs.layer_fragments[recalled], timed.item_stall_s[recalled],
+        costs.layer_bytes[steps], costs.layer_fragments[steps], timed.item_stall_s[steps],
     )  # fmt: skip
     return OffloadedRun(run, costs, timed.link_free_s, timed.d2h_free_s, timed.d2h_busy_s, timing)
 

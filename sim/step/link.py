@@ -122,8 +122,8 @@ class LinkModel:
         nbytes = np.asarray(nbytes, dtype=float)
         fragments = np.asarray(fragments, dtype=float)
         some = nbytes > 0
-        zero = np.zeros_like(nbytes)
-        n = np.maximum(fragments, 1)
+        if io in ("per_fragment", "batched", "gpu_gather"):
+            zero, n = np.zeros_like(nbytes), np.maximum(fragments, 1)
         if io == "per_fragment":
             size = np.where(some, nbytes / n, 1.0)
             return zero, np.where(some, fragments * np.maximum(self.call_s, self._one_copy(size)), 0.0)

@@ -80,9 +80,14 @@ def fifo_end_s(now_s, queue_end_s, seconds):
 def stretch(jobs, slow):
     """float64 [n, 4] jobs (bytes, link-held s, copy s, gather s) with each present job's copy share ``slow`` times
     longer (its link-held time grows by the extra copy time); the input itself when ``slow`` is 1, else a copy."""
+    return stretch_into(jobs, slow, np.empty_like(jobs))
+
+
+def stretch_into(jobs, slow, out):
+    """:func:`stretch` written into ``out`` (float64 [n, 4], returned), or ``jobs`` itself when ``slow`` is 1."""
     if slow == 1.0:
         return jobs
-    out = jobs.copy()
+    out[:] = jobs
     for i in range(out.shape[0]):
         if out[i, 1] > 0:
             extra = out[i, 2] * (slow - 1.0)
@@ -226,26 +231,36 @@ def _preempt_or_finish(t, n, finished, rem, cfrac, gfrac, missing, heap, st, fs,
     return count
 
 
-def _interruptible(t0, compute, prefetch, correction, lookahead, chunk_bytes, link_free_s, stalls, intervals, count):  # noqa: C901, PLR0913
+def interrupt_scratch(n):
+    """The work arrays of :func:`_interruptible` for n items, allocated once per run of steps: missing jobs per item
+    (int64 [n]); per job key (2 n keys) the remaining service, chunk seconds, copy and gather shares (float64) and the
+    heap of released keys (int64); the link state (int64 [2]) and the float state slots (float64 [6])."""
+    keys = 2 * n
+    return (
+        np.zeros(n, dtype=np.int64), np.zeros(keys), np.zeros(keys), np.zeros(keys), np.zeros(keys),
+        np.zeros(keys, dtype=np.int64), np.zeros(2, dtype=np.int64), np.zeros(6),
+    )  # fmt: skip
+
+
+def _interruptible(  # noqa: C901, PLR0913
+    t0, compute, prefetch, correction, lookahead, chunk_bytes, link_free_s, stalls, intervals, count, scratch
+):
     """One step's interruptible pipeline (module docstring) from ``t0``: float64 [n] compute seconds per item, float64
     [n, 4] prefetch and correction jobs (bytes, link-held s, copy s, gather s; no job where link-held is 0); fills
-    ``stalls`` [n]. Returns (end of the last compute, stall, link busy, link free, gather busy, interval rows).
+    ``stalls`` [n]; ``scratch``: :func:`interrupt_scratch` of n items (overwritten; a job key's entries are read only
+    after its release sets them). Returns (end of the last compute, stall, link busy, link free, gather busy, interval
+    rows).
 
     Raises:
         RuntimeError: an item waits for a recall never released (malformed jobs).
     """
     n = compute.shape[0]
-    missing = np.zeros(n, dtype=np.int64)
+    missing, rem, chunk, cfrac, gfrac, heap, st, fs = scratch
     for i in range(n):
         missing[i] = (1 if prefetch[i, 1] > 0.0 else 0) + (1 if correction[i, 1] > 0.0 else 0)
-    rem = np.zeros(2 * n)
-    chunk = np.zeros(2 * n)
-    cfrac = np.zeros(2 * n)
-    gfrac = np.zeros(2 * n)
-    heap = np.zeros(2 * n, dtype=np.int64)  # keys of released jobs not on the link
-    st = np.zeros(2, dtype=np.int64)  # [key of the job on the link (-1: none), heap size]
-    st[0] = -1
-    fs = np.zeros(6)
+    st[0] = -1  # [key of the job on the link (-1: none), heap size]
+    st[1] = 0
+    fs[:] = 0.0
     fs[_LINK_FREE] = link_free_s if link_free_s > t0 else t0
     fs[_LINK_DONE] = math.inf
     fs[_CHECK] = math.inf
@@ -340,6 +355,9 @@ def time_steps(  # noqa: PLR0913
     gathers = np.zeros(k)
     item_stalls = np.zeros((k, n))
     times[0] = now_s
+    items = n if pipeline == 2 else 0  # the interruptible pipeline's work arrays, allocated once for the k steps
+    scratch = interrupt_scratch(items)
+    stretched = (np.empty((items, 4)), np.empty((items, 4)))  # each step's jobs, stretched by the D2H slowdown
     now = now_s
     recalled = 0
     done = 0
@@ -356,8 +374,9 @@ def time_steps(  # noqa: PLR0913
             slow = h2d_slowdown(step_free - start, sum(compute[t]), coupling)
             if pipeline == 2:
                 end_s, stall, busy, free, gbusy, count = _interruptible(
-                    start + overhead_s, compute[t], stretch(prefetch[t], slow), stretch(correction[t], slow),
-                    lookahead, chunk_bytes, link_free, item_stalls[t], intervals, count,
+                    start + overhead_s, compute[t], stretch_into(prefetch[t], slow, stretched[0]),
+                    stretch_into(correction[t], slow, stretched[1]), lookahead, chunk_bytes, link_free, item_stalls[t],
+                    intervals, count, scratch,
                 )  # fmt: skip
             else:
                 end_s, stall, busy, free, gbusy, count = _sequential(
@@ -383,8 +402,9 @@ def time_steps(  # noqa: PLR0913
 
 
 KERNEL_FUNCTIONS = (
-    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "_record", "_sequential", "_push",
-    "_pop", "_release", "_dispatch", "_preempt_or_finish", "_interruptible", "time_steps",
+    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "stretch_into", "interrupt_scratch",
+    "_record", "_sequential", "_push", "_pop", "_release", "_dispatch", "_preempt_or_finish", "_interruptible",
+    "time_steps",
 )  # fmt: skip
 _compiled: dict = {}
 

@@ -135,6 +135,7 @@ class RecallModel:
         self.returning = stats.returning_frac
         self.working_set_steps = stats.working_set_steps
         self.stats = stats
+        self._budget_miss: np.ndarray | None = None  # _buffer_miss of a request selecting the full budget, per layer
         if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
             self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
         else:
@@ -182,6 +183,18 @@ class RecallModel:
         (h of the module docstring, with W − k = k · growth)."""
         k = np.maximum(selected, 1)[..., None].astype(float)
         return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
+
+    def _buffer_miss(self, selected: np.ndarray) -> np.ndarray:
+        """1 − ρ · :meth:`buffer_hit`: the share of a request's changed blocks its recall buffer misses, float
+        [..., n, L] for int [..., n], or float [L] when every request selects the full budget (the usual case: the
+        value of each of those cells, computed once per model; it broadcasts to the same numbers)."""
+        budget = self.budget_blocks
+        if selected.size and selected.min() == budget == selected.max():
+            row = self._budget_miss
+            if row is None:
+                row = self._budget_miss = (1.0 - self.returning * self.buffer_hit(np.array([budget])))[0]
+            return row
+        return 1.0 - self.returning * self.buffer_hit(selected)
 
     def shared_hit(self, selected: np.ndarray, capacity_fragments: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """One HBM recall cache per GPU, LRU over (request, layer, block): (hit fraction of the blocks a stream keeps
@@ -267,16 +280,21 @@ class RecallModel:
             return q
         u = draws.change.peek(k * n * L).reshape(k, n, L)
         out.used.append((draws.change, n * L))
-        change = (1.0 - (1.0 - u) ** self.inv_b) ** self.inv_a  # Kumaraswamy inverse CDF
+        # Hot path: the Kumaraswamy inverse CDF (1 − (1 − u)^(1/b))^(1/a), each pass in place (the same operations)
+        change = 1.0 - u
+        change **= self.inv_b
+        np.subtract(1.0, change, out=change)
+        change **= self.inv_a
         if self.selection == "headwise":
             change *= st.headwise_miss_ratio
         shifting = None
         if state is not None and self.structured:
             log_factor, shifting = self._advance_run(state, cold, draws, k, out)
-            change *= np.exp(log_factor)
+            change *= np.exp(log_factor, out=log_factor)
         np.minimum(change, 1.0, out=change)
         if cache_fragments is None:
-            q = change * (1.0 - self.returning * self.buffer_hit(selected))
+            q = change
+            q *= self._buffer_miss(selected)
         else:
             keep, back = self.shared_hit(selected, cache_fragments)  # float [k] each
             keep, back = keep[:, None, None], back[:, None, None]
@@ -313,7 +331,8 @@ class RecallModel:
             work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, scale, st.burst_prob, burst
         )
         out.state = (work[:, :L] if joins else None, drift, lefts)
-        log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None] - 0.5 * st.drift_sigma**2
+        log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None]
+        log_factor -= 0.5 * st.drift_sigma**2
         return log_factor, shifting
 
     def fresh_misses(
@@ -340,7 +359,7 @@ class RecallModel:
         total = int(np.count_nonzero(fresh))
         if not total:
             return None
-        upto = np.cumsum(np.count_nonzero(fresh, axis=1))  # fresh blocks by the end of each step
+        upto = np.cumsum(fresh.sum(axis=1))  # fresh blocks by the end of each step
         stream = draws.binomial(self.heads, frac)
         misses = np.zeros((*ctx.shape, L), dtype=np.int64)
         misses[fresh] = stream.peek(total * L).reshape(total, L)
