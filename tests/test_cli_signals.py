@@ -46,6 +46,20 @@ SPACE = """params:
 """
 
 
+@pytest.fixture(autouse=True)
+def _hangup_not_ignored():
+    """These tests send SIGHUP on purpose. Under ``nohup`` it is ignored, and a child inherits that disposition (the
+    CLI then honours it, by design): give the children the default disposition, as a terminal would."""
+    if not hasattr(signal, "SIGHUP"):
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def _stat(pid: str) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, session, ... (None: gone)."""
     try:
