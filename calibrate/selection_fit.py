@@ -10,7 +10,7 @@ sim/step/recall.py):
   selection never changes (budget covering every candidate) is clipped, with a warning, and listed by
   `selection_summary`.
 * ``change_shape_a``: the Kumaraswamy shape a, by the method of moments: each layer's b is tied to its mean
-  through `sim.step.recall.kumaraswamy_b(mean, a)` (as the simulator does), and a minimises the squared
+  through `sim.step.distributions.kumaraswamy_b(mean, a)` (as the simulator does), and a minimises the squared
   difference between the model's and the measured per-layer standard deviations of the change fraction.
   Not maximum likelihood: measured fractions are counts / k and hit exactly 0 and 1, where the Kumaraswamy
   log-density is infinite. The measured spread includes the count granularity (at most 1 / (2k) in
@@ -34,7 +34,7 @@ import pandas as pd
 
 from calibrate.selection_structure import fit_structure
 from sim.config import RecallStatsSpec
-from sim.step.recall import kumaraswamy_b
+from sim.step.distributions import kumaraswamy_b
 
 CLIP = 1e-3  # change means are kept in [CLIP, 1 - CLIP]
 A_RANGE = (0.05, 50.0)  # search interval of the Kumaraswamy shape a

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
+from sim.step.distributions import GRID_U, difference_cdf, kumaraswamy_b
 from sim.step.draws import DrawStream, RecallDraws, as_draws
 from sim.step.drift import drift_steps
 from sim.step.link import LinkModel
@@ -78,32 +79,8 @@ class RecallRun:
             state[:, L + 1] = left[steps - 1]
 
 
-def _difference_cdf(x: np.ndarray) -> np.ndarray:
-    """P(u' − u < x) for u, u' independent Uniform(0, 1): triangular on (−1, 1) (float array in, same shape out)."""
-    x = np.clip(x, -1.0, 1.0)
-    return np.where(x <= 0.0, 0.5 * (1.0 + x) ** 2, 1.0 - 0.5 * (1.0 - x) ** 2)
-
-
-_GRID_U = (np.arange(32) + 0.5) / 32  # midpoints of Uniform(0, 1) for the stack distances of kept blocks
 _NO_CELLS = np.zeros((0, 0, 0), dtype=np.int64)  # the arrays of a run not computed yet
 _NO_STEPS = np.zeros(0, dtype=np.int64)
-
-
-def kumaraswamy_b(mean: float, a: float) -> float:
-    """The Kumaraswamy ``b`` giving ``mean`` for shape ``a`` (mean = b·B(1 + 1/a, b), decreasing in b)."""
-    from math import lgamma
-
-    def mean_of(b: float) -> float:
-        return float(np.exp(np.log(b) + lgamma(1 + 1 / a) + lgamma(b) - lgamma(1 + 1 / a + b)))
-
-    lo, hi = 1e-6, 1e6
-    for _ in range(200):  # bisection in log space
-        mid = (lo * hi) ** 0.5
-        new = (mid, hi) if mean_of(mid) > mean else (lo, mid)
-        if new == (lo, hi):  # a fixed point (~60 halvings): the remaining iterations would not move it
-            break
-        lo, hi = new
-    return (lo * hi) ** 0.5
 
 
 class RecallModel:
@@ -224,7 +201,7 @@ class RecallModel:
         total = frags.sum(axis=-1) * self.num_layers  # K [...]
         growth = frags.sum(axis=-1) * float(self.working_growth.sum()) / self.working_set_steps  # G [...]
         cap = np.asarray(capacity_fragments, dtype=float)
-        u, u2 = _GRID_U[:, None], _GRID_U[None, :]
+        u, u2 = GRID_U[:, None], GRID_U[None, :]
         covered, both = (1.0 - u * (1.0 - u2)).ravel(), ((1.0 - u) * u2).ravel()
         distance = total[..., None] * covered + growth[..., None] * both  # [..., 1024]
         keep = np.where(total > 0, (distance < cap[..., None]).mean(axis=-1), 1.0)
@@ -232,7 +209,7 @@ class RecallModel:
         reach = np.where(
             growth > 0, (cap - total) / np.where(growth > 0, growth, 1.0), np.where(cap >= total, np.inf, -np.inf)
         )
-        back = _difference_cdf(reach[..., None] - j).mean(axis=-1)
+        back = difference_cdf(reach[..., None] - j).mean(axis=-1)
         return keep, back
 
     def miss_frac(

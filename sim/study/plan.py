@@ -1,8 +1,8 @@
 """Capacity planning: the highest request rate one replica sustains under a tail SLO, and the fewest
 replicas that serve a target rate, for each hardware × policy (after Vidur-Search). The procedure, the
 steady-state check (sim/study/steady.py) and the fleet/single-replica agreement are in docs/search.md
-"Capacity planning"; :func:`bisect_max_rate`, :meth:`CellPlanner.fewest_replicas` and :func:`agree_with_single`
-say exactly what each does.
+"Capacity planning"; :func:`~sim.study.bisection.bisect_max_rate`, :meth:`CellPlanner.fewest_replicas` and
+:func:`agree_with_single` say exactly what each does.
 
 Model assumption: feasibility falls with rate (bisection needs it; a simulator with preemption can be
 non-monotone near the knee), and more replicas never miss an SLO that fewer met.
@@ -26,6 +26,7 @@ from sim.metrics.bill import deployment_gpus, usd_per_million
 from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
+from sim.study.bisection import Bisection, bisect_max_rate
 from sim.study.executors import FieldError, run_tasks
 from sim.study.slo import TailSlo
 from sim.study.steady import MIN_SAMPLE_REQUESTS, delivered_frac, steady_problem
@@ -71,66 +72,6 @@ class PlanConfig:
 
 
 MIN_REL_TOL = 1e-4  # a finer bisection only adds simulations whose rates differ by less than the sampling noise
-
-
-@dataclass
-class Bisection:
-    """Result of :func:`bisect_max_rate`."""
-
-    rate: float  # highest feasible rate simulated; 0.0 if none was
-    tested: list[tuple[float, bool]]  # (rate, feasible) in the order simulated
-    capped: bool = False  # still feasible at start × 2**max_steps
-
-
-def bisect_max_rate(feasible: Callable[[float], bool], start: float, rel_tol: float, max_steps: int) -> Bisection:
-    """Highest rate at which ``feasible`` holds, assuming it holds below some rate and fails above.
-
-    Doubles (or halves, after trying ``start / 2**max_steps`` first) from ``start`` until a feasible and an
-    infeasible rate bracket the boundary, then bisects geometrically. The bisection stops at
-    ``hi / lo - 1 <= rel_tol`` or when no float lies between ``lo`` and ``hi``, so it ends for any ``rel_tol > 0``.
-
-    Raises:
-        ValueError: if ``start`` or ``rel_tol`` is not positive.
-    """
-    if not (start > 0 and rel_tol > 0):
-        raise ValueError(f"start ({start}) and rel_tol ({rel_tol}) must be > 0")
-    tested: list[tuple[float, bool]] = []
-
-    def check(rate: float) -> bool:
-        ok = feasible(rate)
-        tested.append((rate, ok))
-        return ok
-
-    lo = hi = start
-    if check(start):
-        for _ in range(max_steps):
-            hi = lo * 2
-            if not check(hi):
-                break
-            lo = hi
-        else:
-            return Bisection(lo, tested, capped=True)
-    else:
-        floor = start / 2**max_steps
-        if not check(floor):  # missed even when nearly idle (e.g. prefill alone breaks the TTFT bound)
-            return Bisection(0.0, tested)
-        while True:
-            lo = hi / 2
-            if lo <= floor:
-                lo = floor
-                break
-            if check(lo):
-                break
-            hi = lo
-    while hi / lo - 1 > rel_tol:
-        mid = math.sqrt(lo * hi)
-        if not lo < mid < hi:  # lo and hi are adjacent floats: no rate left between them (tiny rel_tol)
-            break
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
-    return Bisection(lo, tested)
 
 
 class CellPlanner:

@@ -16,7 +16,7 @@ import yaml
 
 from calibrate.selection_fit import CLIP, fit_recall_stats, kumaraswamy_std, selection_summary
 from sim.config import Profile, RecallStatsSpec
-from sim.step.recall import kumaraswamy_b
+from sim.step.distributions import kumaraswamy_b
 
 REPO = Path(__file__).resolve().parents[2]
 MEANS = [0.35, 0.25, 0.2, 0.15, 0.12, 0.1]

@@ -7,8 +7,9 @@ import pytest
 
 from sim.config import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.config.loader import load_card, load_scenario
+from sim.step.distributions import kumaraswamy_b
 from sim.step.link import LinkModel
-from sim.step.recall import RecallModel, kumaraswamy_b
+from sim.step.recall import RecallModel
 
 MODEL = ModelSpec.model_validate(load_card("model", "qwen3-14b"))
 LINK = LinkModel(HardwareSpec.model_validate(load_card("hardware", "h200")))

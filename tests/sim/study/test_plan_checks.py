@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from sim.study.plan import MIN_REL_TOL, PlanConfig, PlanError, bisect_max_rate, check_plan
+from sim.study.bisection import bisect_max_rate
+from sim.study.plan import MIN_REL_TOL, PlanConfig, PlanError, check_plan
 from sim.study.slo import TailSlo
 
 
