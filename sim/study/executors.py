@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sim.workers import HELD_SIGNALS, POLL_S, WorkerPool, signals_held  # noqa: F401  (signals_held: for the CLI)
+from sim.workers import HELD_SIGNALS, POLL_S, WorkerPool, signals_held
 
 BACKENDS = ("local", "ray")
 RAY_EXTRA = "pip install -e '.[ray]'"

@@ -6,7 +6,7 @@ Lifecycle of ``run_search(cfg, total_trials, jobs)``:
 1. :func:`prepare_study` opens the storage (a journal file or an RDB URL), creates or loads the study, and checks
    that a loaded study was made with the same objective, space, SLO and base scenario.
 2. The missing trials (``total_trials`` minus the finished ones) are split over ``jobs`` worker processes
-   (:class:`sim.study.executors.WorkerPool`), each with its own seeded TPE sampler, stopping once the study holds
+   (:class:`sim.workers.WorkerPool`), each with its own seeded TPE sampler, stopping once the study holds
    ``total_trials`` finished trials; a trial cut short is marked failed and ``interrupted`` and not counted.
 3. A trial applies the sampled parameters as ``--set`` items, simulates the searched policy once with the
    scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric as a user attribute.
@@ -39,9 +39,10 @@ from sim.run import policy_summary
 from sim.serving.kv import CapacityError
 from sim.study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
 from sim.study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
-from sim.study.executors import FieldError, WorkerPool
+from sim.study.executors import FieldError
 from sim.study.slo import TailSlo
 from sim.study.space import SearchSpace, override
+from sim.workers import WorkerPool
 from sim.workload import load_workload
 
 # objective name → ((summary column, direction), ...)
