@@ -37,7 +37,7 @@ from sim.metrics import Recorder, StepTotals, summarize, unfinished_counts
 from sim.metrics.physics import check_clock, check_physics
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects
-from sim.serving.fleet_pool import ReplicaOutcome, follow_schedule, next_relevant_s, outcome_of, pool_size, run_replicas
+from sim.serving.fleet_pool import ReplicaOutcome, outcome_of, pool_size, run_replicas
 from sim.serving.replica import Replica
 from sim.serving.request import Request
 
@@ -188,10 +188,8 @@ def simulate_cluster(
     static = isinstance(picker, RoundRobinRouter)
     own = [schedule.subset(np.arange(i, len(reqs), num_replicas)) for i in range(num_replicas)] if static else None
     for i, replica in enumerate(fleet.replicas):
-        if static:
-            follow_schedule(replica, own[i], horizon_s)
-        else:
-            replica.next_event_s = functools.partial(next_relevant_s, None, horizon_s, replica)
+        replica.follow(own[i] if static else None, horizon_s)
+        if not static:
             replica.cut_runs, replica.ties = True, schedule
     fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule, own))
     outcomes = [outcome_of(r, rec, fleet.env.now) for r, rec in zip(fleet.replicas, fleet.recorders)]

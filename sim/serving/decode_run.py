@@ -15,8 +15,10 @@ horizon), a batch whose steps recall nothing repeats one decision: decode one to
 * the next event of another process (``next_event_s``, SimPy's ``env.peek()``), except an arrival that only queues
   a request (``arrivals``, colocated prefill, sim/serving/arrivals.py): with requests queued it changes no decision
   in the run (it joins behind the head, which :meth:`Admission.quiet_decisions` holds back), and with none the run
-  ends with the step the arrival falls in. A run never ends exactly at an arrival: SimPy's order of the two events
-  would depend on when each was scheduled (the run's one timeout at its start, a step's at that step's start);
+  ends with the step the arrival falls in; likewise an event that reaches the scheduler only at its next decision
+  (``soft_s``: a remote prefill, an arrival with remote prefill, ``Replica.follow``). A run never ends exactly at
+  such an event: SimPy's order of the two events would depend on when each was scheduled (the run's one timeout at
+  its start, a step's at that step's start);
 * the first step whose new blocks do not fit in the free pool (it would evict prefix-cache nodes or preempt: a
   single step does that);
 * the first later decision at which a queued request would join (:meth:`Admission.quiet_decisions`);
@@ -88,6 +90,7 @@ def next_decode_run(
     next_event_s: float,
     arrivals: ArrivalSchedule | None = None,
     ties: ArrivalSchedule | None = None,
+    soft_s: float = math.inf,
 ) -> DecodeRun | None:
     """The longest skip-ahead run of decode steps from ``now_s`` (module docstring), or None when fewer than two steps
     qualify.
@@ -103,6 +106,8 @@ def next_decode_run(
         ties: arrivals that may cut the run (a replica behind a load-aware router, sim/serving/cluster.py): no step of
             the run ends exactly at one of them, so a cut (:func:`cut_run`) never has to order a step's end and an
             arrival at the same instant.
+        soft_s: the next event that reaches the scheduler only at its next decision (``Replica.follow``): the run
+            ends with the step it falls in, as with an arrival of ``arrivals``.
     """
     b = batch
     if not policy.is_recall_free(b.offloaded):
@@ -117,7 +122,8 @@ def next_decode_run(
     # before the event (+ 1 for rounding; a bound that is too small only shortens the run, never changes it).
     # with a queue, arrivals join behind its held-back head
     arrival_s = arrivals.next_s() if arrivals is not None and not waiting else math.inf
-    bound_s = min(next_event_s, arrival_s)
+    soft_s = min(soft_s, arrival_s)  # the run ends with the step it falls in
+    bound_s = min(next_event_s, soft_s)
     if steps > SHORT_RUN_STEPS and bound_s < math.inf:  # bound a long run before computing its steps
         first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), int(b.ctx.sum()) + len(b)) + head_s
         steps = min(steps, int((bound_s - now_s) / first_s) + 2)
@@ -125,15 +131,15 @@ def next_decode_run(
     first_s = overhead_s + num_layers * float(layer_s[0]) + head_s
     if next_event_s < math.inf:
         steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
-    if arrival_s < math.inf:  # (+ 1 more: the step the arrival falls in)
-        steps = min(steps, int((arrival_s - now_s) / first_s) + 2)
+    if soft_s < math.inf:  # (+ 1 more: the step the soft event falls in)
+        steps = min(steps, int((soft_s - now_s) / first_s) + 2)
     times = [now_s]
     for x in layer_s[:steps].tolist():  # the clock as run_step advances it: start + (overhead + Σ layers + head)
         end_s = times[-1] + idle_step_s(overhead_s, [x] * num_layers, head_s, host_s)
-        if end_s >= next_event_s or end_s == arrival_s:
+        if end_s >= next_event_s or end_s == soft_s:
             break
         times.append(end_s)
-        if end_s > arrival_s:  # the step the arrival fell in: the queued request is seen at the decision after it
+        if end_s > soft_s:  # the step the soft event fell in: the scheduler sees it at the decision after that step
             break
     k = len(times) - 1
     if k < 2:

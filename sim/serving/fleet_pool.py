@@ -14,14 +14,13 @@ previous arrival (sim/serving/arrivals.py), and SimPy orders events of one insta
 :func:`feed` first reaches that previous arrival's time (:func:`~sim.serving.arrivals.timeout_at`), then waits as the
 router does: the arrival lands on the same float, its timeout scheduled at the same instant as the router's. It
 closes the replica at the fleet's last arrival, as the router does. The replica's skip-ahead bounds are those of
-the one-environment static path (:func:`follow_schedule`).
+the one-environment static path (``Replica.follow``).
 
 ``run.workers`` (sim/config/scenario.py) picks the pool size: :func:`pool_size`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import multiprocessing
 import os
@@ -67,25 +66,6 @@ def outcome_of(replica: Replica, recorder: Recorder, now_s: float) -> ReplicaOut
         table, recorder, kv.device.peak, kv.device.capacity, kv.fixed_hbm_bytes, kv.block_bytes,
         bounds_of(replica.policy), now_s,
     )  # fmt: skip
-
-
-def follow_schedule(replica: Replica, own: ArrivalSchedule, horizon_s: float) -> None:
-    """Skip-ahead's bounds of a replica whose arrivals are ``own``, fixed in advance (a static router): with remote
-    prefill its next arrival, its own remote prefills and the horizon; colocated, the horizon, and its arrivals as a
-    soft bound (sim/serving/decode_run.py)."""
-    replica.next_event_s = functools.partial(next_relevant_s, own, horizon_s, replica)
-    if not replica.disaggregated:
-        replica.arrivals_ahead = own
-
-
-def next_relevant_s(schedule: ArrivalSchedule | None, horizon_s: float, replica: Replica) -> float:
-    """The next event a replica behind a router must stop at: the horizon and, with remote prefill, its own remote
-    prefills feeding its queue and its next arrival in ``schedule`` (colocated, arrivals are its soft bound; None:
-    arrivals cut its runs instead, sim/serving/skip_ahead.py)."""
-    if not replica.disaggregated:
-        return horizon_s
-    next_s = min(horizon_s, replica.next_prefill_event_s())
-    return next_s if schedule is None else min(schedule.next_s(), next_s)
 
 
 def pool_size(workers: int | str, num_replicas: int, num_requests: int) -> int:
@@ -165,7 +145,7 @@ def simulate_replica(
     replica, recorder = fleet.replicas[0], fleet.recorders[0]
     fleet.preload_kernels(rows["prompt_tokens"].to_numpy())
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
-    follow_schedule(replica, own, horizon_s)
+    replica.follow(own, horizon_s)
     fleet.run(feed(fleet.env, replica, request_objects(rows), own, before_s, last_s))
     return outcome_of(replica, recorder, fleet.env.now)
 

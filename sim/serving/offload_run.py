@@ -87,6 +87,7 @@ def next_offloaded_run(
     next_event_s: float,
     arrivals: ArrivalSchedule | None = None,
     ties: ArrivalSchedule | None = None,
+    soft_s: float = math.inf,
 ) -> OffloadedRun | None:
     """The next run of offloaded decode steps from ``now_s`` (module docstring), or None when fewer than two fit.
     The caller has checked :func:`offload_runs_possible` for its configuration and that the batch holds an offloaded
@@ -100,13 +101,15 @@ def next_offloaded_run(
         recorder: read for the recalling steps so far (the timeline's step is stepped, to record its intervals).
         now_s: the clock; next_event_s: the next event of any other process (``math.inf`` if none).
         arrivals: the arrivals that only queue a request (None if arrivals are among ``next_event_s``'s events): with
-            none queued the next one bounds the run (with a queue, arrivals join behind its held-back head, as in
-            sim/serving/decode_run.py), and the run never ends exactly at one.
+            none queued the next one is a soft bound (``soft_s``; with a queue, arrivals join behind its held-back
+            head, as in sim/serving/decode_run.py), and the run never ends exactly at one.
         ties: arrivals that may cut the run (as in sim/serving/decode_run.py): no step ends exactly at one.
+        soft_s: the next event that reaches the scheduler only at its next decision (as in sim/serving/decode_run.py):
+            the run ends with the step it falls in.
     """
     b, pol = batch, policy
     if arrivals is not None and not waiting:
-        next_event_s = min(next_event_s, arrivals.next_s())
+        soft_s = min(soft_s, arrivals.next_s())
     if next_event_s <= now_s:
         return None
     num_layers = pol.num_layers
@@ -115,11 +118,14 @@ def next_offloaded_run(
     compute = pol.compute
     overhead_s, head_s = compute.step_overhead_s, compute.decode_head_s(len(b))
     host_s = compute.overlapped_host_s(len(b))  # each step lasts at least this long (pipeline.host_bound_s)
-    if next_event_s < math.inf:  # a step takes at least its compute; offloaded requests attend at least the budget
-        ctx0 = b.ctx + 1
+    if min(next_event_s, soft_s) < math.inf:  # a step takes at least its compute; offloaded requests attend at
+        ctx0 = b.ctx + 1  # least the budget (+ 1 for rounding; + 1 more: the step a soft event falls in)
         least = int(np.where(b.offloaded, np.minimum(ctx0, pol.sparse_tokens), ctx0).sum())
         first_s = overhead_s + num_layers * compute.decode_layer_s(len(b), least) + head_s
-        steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
+        if next_event_s < math.inf:
+            steps = min(steps, int((next_event_s - now_s) / first_s) + 1)
+        if soft_s < math.inf:
+            steps = min(steps, int((soft_s - now_s) / first_s) + 2)
     if steps < 2:
         return None
     k, ctx, held, need = fitting_steps(pol, b, kv, waiting, disaggregated, steps)
@@ -137,7 +143,7 @@ def next_offloaded_run(
         costs.chunk_bytes, costs.sequential,
     )  # fmt: skip
     while True:
-        timed = devices.time_steps(*args, bound_s, stop_recall, host_s=host_s)
+        timed = devices.time_steps(*args, bound_s, stop_recall, host_s=host_s, soft_s=soft_s)
         j, times = timed.steps, timed.times_s
         tie = ties.first_at(times[1 : j + 1]) if ties is not None and j >= 2 else j
         if tie < j:  # a step ends exactly at an arrival that may cut the run: time it again, ending before that step

@@ -32,6 +32,7 @@ no admission, finish or preemption before its last step (docs/design.md §13; te
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Generator
@@ -108,10 +109,12 @@ class Replica(Prefill, SkipAhead):
         self.debug = scenario.run.debug_checks
         self.skip_ahead = scenario.run.skip_ahead
         # Skip-ahead's bounds. next_event_s: the next event that can change this replica's decisions (any event by
-        # default). arrivals_ahead: arrivals that only queue a request here (colocated prefill), which a run may pass
-        # (sim/serving/decode_run.py); None when arrivals are among next_event_s's events. Drivers whose arrivals are
-        # fixed in advance narrow both (:meth:`arrivals`, sim/serving/cluster.py).
+        # default). soft_event_s: the next event whose effects reach the scheduler only at its next decision, so a
+        # run may take the step it falls in (none by default). arrivals_ahead: arrivals that only queue a request
+        # here (colocated prefill), which a run may pass (sim/serving/decode_run.py); None when arrivals are among
+        # next_event_s's events. Drivers whose arrivals are fixed in advance narrow them (:meth:`follow`).
         self.next_event_s: Callable[[], float] = env.peek
+        self.soft_event_s: Callable[[], float] = _never
         self.arrivals_ahead: ArrivalSchedule | None = None
         # skip-ahead runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
         self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
@@ -138,11 +141,8 @@ class Replica(Prefill, SkipAhead):
         and the arrivals are a soft one (:attr:`arrivals_ahead`); this driver and the run's horizon are then the
         only other events in the environment (sim/serving/fleet.py ``Fleet.run``)."""
         schedule = ArrivalSchedule((r.arrival_s for r in requests), self.env.now)
-        if not self.disaggregated:
-            horizon_s = self.scenario.run.horizon_s
-            horizon_s = math.inf if horizon_s is None else float(horizon_s)
-            self.next_event_s = lambda: horizon_s
-            self.arrivals_ahead = schedule
+        horizon_s = self.scenario.run.horizon_s
+        self.follow(schedule, math.inf if horizon_s is None else float(horizon_s))
         for i, req in enumerate(requests):
             schedule.next_index = i
             if req.arrival_s > self.env.now:
@@ -150,6 +150,21 @@ class Replica(Prefill, SkipAhead):
             self.submit(req)
         schedule.next_index = len(requests)
         self.close()
+
+    def follow(self, schedule: ArrivalSchedule | None, horizon_s: float) -> None:
+        """Skip-ahead's bounds when this replica's arrivals are fixed in advance (``schedule``: its own; None: behind a
+        load-aware router, whose arrivals cut its runs instead, sim/serving/skip_ahead.py) and the only other events
+        in the environment are the driver's, the horizon and its own remote prefills. The horizon is a hard bound (a
+        run ends before the step it falls in: the simulation stops there). The others reach the scheduler only at
+        its next decision (an arrival queues for prefill, a prefill queues its request; no step in flight reads what
+        they change), so they are soft bounds: with remote prefill, its remote prefills and arrivals
+        (:attr:`soft_event_s`); colocated, its arrivals (:attr:`arrivals_ahead`, which a run passes while requests
+        are queued, sim/serving/decode_run.py)."""
+        self.next_event_s = functools.partial(float, horizon_s)
+        if self.disaggregated:
+            self.soft_event_s = functools.partial(_next_feed_s, self, schedule)
+        else:
+            self.arrivals_ahead = schedule
 
     def submit(self, req: Request) -> None:
         """A request arrives now (from a trace, a router or a closed-loop session).
@@ -359,3 +374,14 @@ class Replica(Prefill, SkipAhead):
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"
         expected = self.policy.device_blocks(self.batch.ctx, self.batch.offloaded)
         assert np.array_equal(expected, self.batch.blocks), "block counts drifted from the KV tokens"
+
+
+def _never() -> float:
+    return math.inf
+
+
+def _next_feed_s(replica: Replica, schedule: ArrivalSchedule | None) -> float:
+    """The next event that feeds ``replica``'s queue with remote prefill: one of its remote prefills
+    (``Prefill.next_prefill_event_s``) or its next arrival in ``schedule`` (None: not known in advance)."""
+    next_s = replica.next_prefill_event_s()
+    return next_s if schedule is None else min(schedule.next_s(), next_s)

@@ -76,25 +76,26 @@ class SkipAhead:
         if self.chunked is not None or self.swap_s > 0:
             return False
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
+        soft_s = self.soft_event_s()
         run = next_decode_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals, self.ties
+            self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals, self.ties, soft_s
         )
         if run is None:
-            return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run())
+            return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run(soft_s))
         steps = yield from self._wait_run(run.times_s)
         run = cut_run(run, steps, self.policy, b)
         self._take_blocks(run)
         self._apply_run(run)
         return True
 
-    def _offloaded_run(self) -> Generator[simpy.Event, object, bool]:
+    def _offloaded_run(self, soft_s: float) -> Generator[simpy.Event, object, bool]:
         """A skip-ahead run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run`
         applies one, after what it leaves in the recall state and the devices (``OffloadedRun.commit``)."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
         offloaded = next_offloaded_run(
             self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals,
-            self.ties,
+            self.ties, soft_s,
         )  # fmt: skip
         if offloaded is None:
             return False

@@ -27,7 +27,9 @@ link's queue the previous step left: D2H queue (:func:`fifo_end_s`), H2D slowdow
 :func:`stretch`), one of the two pipelines from ``start + overhead``, and the clock advanced by ``end + head −
 start`` (at least the engine's overlapped host work, :func:`host_bound_s`) as a SimPy timeout of that delay does
 (:func:`idle_step_s` for a step that recalls nothing). It stops before the first step that ends at or after the next
-event, or that would be the ``stop_recall``-th step that recalls.
+event (``next_event_s``: one a step in flight would see, the horizon), or that would be the ``stop_recall``-th step
+that recalls; and after the first step that ends past ``soft_s`` (an event a step in flight does not see: its effects
+reach the scheduler at the decision after that step, sim/serving/decode_run.py), before one that ends exactly at it.
 
 **Compiled.** The functions below are plain Python; :func:`compiled_time_steps` compiles copies of them with numba
 (the ``fast`` extra; cached on disk), and ``run.kernels: python`` runs them as they are. Every compiled function
@@ -319,7 +321,7 @@ def _interruptible(  # noqa: C901, PLR0913
 
 def time_steps(  # noqa: PLR0913
     now_s, compute, has_recall, pipeline, prefetch, correction, lookahead, chunk_bytes, link_s, gather_s, overhead_s,
-    head_s, d2h_s, coupling, link_free, d2h_free, d2h_busy, next_event_s, stop_recall, intervals, host_s,
+    head_s, d2h_s, coupling, link_free, d2h_free, d2h_busy, next_event_s, stop_recall, intervals, host_s, soft_s,
 ):  # fmt: skip
     """Time up to k decode steps in order from ``now_s`` (module docstring); rows past the steps timed are scratch.
 
@@ -341,6 +343,7 @@ def time_steps(  # noqa: PLR0913
             step timed; [0, 5]: none recorded.
         host_s: the engine's overlapped host work of one step (the batch is the same in every step): each step
             holds the clock at least this long (:func:`host_bound_s`).
+        soft_s: stop after the first step that ends past it, before one that ends exactly at it (``math.inf``: none).
 
     Returns:
         (steps timed j, times float64 [k + 1] of which the first j + 1 are the step boundaries, each step's clock
@@ -384,20 +387,22 @@ def time_steps(  # noqa: PLR0913
                     intervals, count,
                 )  # fmt: skip
             delay = host_bound_s(end_s + head_s - start, host_s)
-            if start + delay >= next_event_s:
+            if start + delay >= next_event_s or start + delay == soft_s:
                 break
             recalled += 1
             link_free = free
             stalls[t], busys[t], gathers[t] = stall, busy, gbusy
         else:
             delay = idle_step_s(overhead_s, compute[t], head_s, host_s)
-            if start + delay >= next_event_s:
+            if start + delay >= next_event_s or start + delay == soft_s:
                 break
         d2h_free, d2h_busy = step_free, step_busy
         step_s[t] = delay
         now = start + delay
         times[t + 1] = now
         done = t + 1
+        if now > soft_s:  # the step the soft event fell in
+            break
     return done, times, step_s, stalls, busys, gathers, item_stalls, link_free, d2h_free, d2h_busy, count
 
 

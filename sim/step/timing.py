@@ -108,6 +108,7 @@ class StepDevices:
         stop_recall: float = math.inf,
         record: bool = False,
         host_s: float = 0.0,
+        soft_s: float = math.inf,
     ) -> StepsTiming:
         """Time k decode steps from ``now_s`` and the devices' queues, which are read, not changed
         (:func:`sim.step.pipeline.time_steps`, compiled unless ``run.kernels: python`` or numba is missing).
@@ -125,6 +126,8 @@ class StepDevices:
             record: keep the steps' intervals (``StepsTiming.intervals``).
             host_s: the engine's overlapped host work of each step (seconds; each step lasts at least this long,
                 sim/step/pipeline.py ``host_bound_s``).
+            soft_s: an event the steps do not see (sim/step/pipeline.py): stop after the first step that ends past it,
+                before one that ends exactly at it.
 
         Raises:
             ValueError: both ``jobs`` and ``sequential`` given.
@@ -146,7 +149,7 @@ class StepDevices:
             float(now_s), compute, np.ascontiguousarray(has_recall, dtype=np.bool_), pipeline, prefetch, correction,
             int(lookahead_items), float(chunk_bytes), link_s, gather_s, float(overhead_s), float(head_s), d2h_s,
             d2h.d2h_coupling if d2h is not None else 0.0, self.link_free_s, self.d2h_free_s, self.d2h_busy_s,
-            float(next_event_s), float(stop_recall), intervals, float(host_s),
+            float(next_event_s), float(stop_recall), intervals, float(host_s), float(soft_s),
         )  # fmt: skip
         kept = [(INTERVAL_KINDS[int(r[0])], int(r[1]), float(r[2]), float(r[3]), bool(r[4])) for r in intervals[:rows]]
         return StepsTiming(j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, kept)

@@ -54,13 +54,14 @@ def test_interruptible_steps_with_reused_work_arrays_equal_fresh_ones():
     common = (1e-5, 2e-4, 1e-5, 0.3)
     whole = pipeline.time_steps(
         0.0, compute, np.ones(k, bool), 2, prefetch, correction, 2, 4.0 * 2**20, none, none, *common, 0.0, 0.0, 0.0,
-        np.inf, np.inf, np.zeros((0, 5)), 0.0,
+        np.inf, np.inf, np.zeros((0, 5)), 0.0, np.inf,
     )  # fmt: skip
     now, link_free, d2h_free, d2h_busy = 0.0, 0.0, 0.0, 0.0
     for t in range(k):
         one = pipeline.time_steps(
             now, compute[t : t + 1], np.ones(1, bool), 2, prefetch[t : t + 1], correction[t : t + 1], 2,
             4.0 * 2**20, none, none, *common, link_free, d2h_free, d2h_busy, np.inf, np.inf, np.zeros((0, 5)), 0.0,
+            np.inf,
         )  # fmt: skip
         assert one[1][1] == whole[1][t + 1] and one[3][0] == whole[3][t] and one[4][0] == whole[4][t]
         assert np.array_equal(one[6][0], whole[6][t])
