@@ -144,7 +144,7 @@ def _baseline(commit: str, args: argparse.Namespace, sets: list[str]) -> None:
                 job.write_bytes(pickle.dumps((replicas, wl, router, args.policy, "", sets)))
                 code = (
                     f"import pickle, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import bench_fleet; "
-                    f"print('baseline', bench_fleet.run_case(*pickle.load(open({str(job)!r}, 'rb')))), flush=True)"
+                    f"print('baseline', bench_fleet.run_case(*pickle.load(open({str(job)!r}, 'rb'))), flush=True)"
                 )
                 env = {**os.environ, "PYTHONPATH": str(folder)}
                 subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, check=True)

@@ -104,8 +104,8 @@ def _record_step(
     t = rec.totals
     t.num_steps += 1
     t.decode_steps += 1
-    t.decode_durations_s.append(duration_s)
-    t.decode_stalls_s.append(stall_s)
+    t.decode_time_s += duration_s
+    t.decode_stall_s += stall_s
     t.decode_recall_bytes += cost.recall_bytes
     t.decode_fragments += cost.num_fragments
     t.decode_selected_fragments += cost.selected_fragments
