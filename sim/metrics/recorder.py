@@ -38,7 +38,7 @@ class StepTotals:
     """What :func:`sim.metrics.tables.summarize` needs of the step table, kept as the steps are recorded: counts,
     integer sums and the peak, and three float sums (decode time, prefill time, decode stall) added one step after
     another in step order (:func:`add_in_order`), so a run of k steps adds what k single steps add, bit for bit, in
-    constant memory (a fleet of 64 replicas × 1M requests has ~3·10⁸ steps)."""
+    constant memory (64 replicas × 1M requests of Mooncake lengths record ~2·10⁸ decode steps)."""
 
     num_steps: int = 0
     decode_steps: int = 0

@@ -137,9 +137,9 @@ class Replica(Prefill, SkipAhead):
         """Submit ``requests`` (in arrival order) at their arrival times (open loop), then close the replica.
         Routers and closed-loop sessions call :meth:`submit` and :meth:`close` instead.
 
-        With colocated prefill an arrival only queues a request, so skip-ahead's hard bound is the horizon alone
-        and the arrivals are a soft one (:attr:`arrivals_ahead`); this driver and the run's horizon are then the
-        only other events in the environment (sim/serving/fleet.py ``Fleet.run``)."""
+        This driver, the run's horizon and the replica's own remote prefills are then the only other events in the
+        environment (sim/serving/fleet.py ``Fleet.run``), so skip-ahead's hard bound is the horizon alone and the
+        arrivals (and remote prefills) are soft ones (:meth:`follow`)."""
         schedule = ArrivalSchedule((r.arrival_s for r in requests), self.env.now)
         horizon_s = self.scenario.run.horizon_s
         self.follow(schedule, math.inf if horizon_s is None else float(horizon_s))
@@ -160,7 +160,7 @@ class Replica(Prefill, SkipAhead):
         they change), so they are soft bounds: with remote prefill, its remote prefills and arrivals
         (:attr:`soft_event_s`); colocated, its arrivals (:attr:`arrivals_ahead`, which a run passes while requests
         are queued, sim/serving/decode_run.py)."""
-        self.next_event_s = functools.partial(float, horizon_s)
+        self.next_event_s = lambda: horizon_s
         if self.disaggregated:
             self.soft_event_s = functools.partial(_next_feed_s, self, schedule)
         else:

@@ -81,21 +81,22 @@ class SkipAhead:
             self.policy, b, self.kv, self.waiting, self.disaggregated, env.now, next_s, arrivals, self.ties, soft_s
         )
         if run is None:
-            return self.offload_runs and np.count_nonzero(b.offloaded) > 0 and (yield from self._offloaded_run(soft_s))
+            offloaded = self.offload_runs and np.count_nonzero(b.offloaded) > 0
+            return offloaded and (yield from self._offloaded_run(next_s, soft_s))
         steps = yield from self._wait_run(run.times_s)
         run = cut_run(run, steps, self.policy, b)
         self._take_blocks(run)
         self._apply_run(run)
         return True
 
-    def _offloaded_run(self, soft_s: float) -> Generator[simpy.Event, object, bool]:
-        """A skip-ahead run of decode steps that recall (sim/serving/offload_run.py), applied as :meth:`_decode_run`
-        applies one, after what it leaves in the recall state and the devices (``OffloadedRun.commit``)."""
+    def _offloaded_run(self, next_s: float, soft_s: float) -> Generator[simpy.Event, object, bool]:
+        """A skip-ahead run of decode steps that recall (sim/serving/offload_run.py) up to the bounds ``next_s``
+        and ``soft_s`` :meth:`_decode_run` read, applied as it applies one, after what it leaves in the recall state
+        and the devices (``OffloadedRun.commit``)."""
         env, b, rec, dev = self.env, self.batch, self.rec, self.devices
-        next_s, arrivals = self.next_event_s(), self.arrivals_ahead
         offloaded = next_offloaded_run(
-            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s, arrivals,
-            self.ties, soft_s,
+            self.policy, b, self.kv, self.waiting, self.disaggregated, dev, self.draws, rec, env.now, next_s,
+            self.arrivals_ahead, self.ties, soft_s,
         )  # fmt: skip
         if offloaded is None:
             return False

@@ -79,14 +79,10 @@ def fifo_end_s(now_s, queue_end_s, seconds):
     return max(now_s, queue_end_s) + seconds
 
 
-def stretch(jobs, slow):
+def stretch(jobs, slow, out):
     """float64 [n, 4] jobs (bytes, link-held s, copy s, gather s) with each present job's copy share ``slow`` times
-    longer (its link-held time grows by the extra copy time); the input itself when ``slow`` is 1, else a copy."""
-    return stretch_into(jobs, slow, np.empty_like(jobs))
-
-
-def stretch_into(jobs, slow, out):
-    """:func:`stretch` written into ``out`` (float64 [n, 4], returned), or ``jobs`` itself when ``slow`` is 1."""
+    longer (its link-held time grows by the extra copy time), written into ``out`` (float64 [n, 4], returned); the
+    input itself when ``slow`` is 1."""
     if slow == 1.0:
         return jobs
     out[:] = jobs
@@ -377,8 +373,8 @@ def time_steps(  # noqa: PLR0913
             slow = h2d_slowdown(step_free - start, sum(compute[t]), coupling)
             if pipeline == 2:
                 end_s, stall, busy, free, gbusy, count = _interruptible(
-                    start + overhead_s, compute[t], stretch_into(prefetch[t], slow, stretched[0]),
-                    stretch_into(correction[t], slow, stretched[1]), lookahead, chunk_bytes, link_free, item_stalls[t],
+                    start + overhead_s, compute[t], stretch(prefetch[t], slow, stretched[0]),
+                    stretch(correction[t], slow, stretched[1]), lookahead, chunk_bytes, link_free, item_stalls[t],
                     intervals, count, scratch,
                 )  # fmt: skip
             else:
@@ -407,7 +403,7 @@ def time_steps(  # noqa: PLR0913
 
 
 KERNEL_FUNCTIONS = (
-    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "stretch_into", "interrupt_scratch",
+    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "interrupt_scratch",
     "_record", "_sequential", "_push", "_pop", "_release", "_dispatch", "_preempt_or_finish", "_interruptible",
     "time_steps",
 )  # fmt: skip

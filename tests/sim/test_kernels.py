@@ -174,11 +174,11 @@ def test_k_steps_stop_before_the_stop_recall_th_recalling_step(kernels):
 
 def test_stretch_lengthens_copy_share_of_present_jobs_only():
     jobs = np.array([[1e6, 3.0, 2.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    out = stretch(jobs, 1.5)
+    out = stretch(jobs, 1.5, np.empty_like(jobs))
     # copy 2 s runs 1.5× longer: +1 s on the service and on the copy; the gather share is untouched
     assert out.tolist() == [[1e6, 4.0, 3.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
     assert jobs[0, 1] == 3.0  # the input jobs are not modified
-    assert stretch(jobs, 1.0) is jobs
+    assert stretch(jobs, 1.0, np.empty_like(jobs)) is jobs
 
 
 def test_both_pipelines_at_once_are_refused():

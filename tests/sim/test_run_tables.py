@@ -187,7 +187,7 @@ def test_summary_only_recorder_keeps_no_step_rows():
 
 def test_summary_totals_add_step_by_step_in_constant_memory():
     """The totals' float sums are those of single steps added in order whatever the runs' lengths, and keep nothing
-    per step (64 replicas × 1M requests record ~3·10⁸ steps: 16 bytes a step was 4.6 GB)."""
+    per step (64 replicas × 1M requests record ~2·10⁸ steps: 16 bytes a step was ~3.4 GB)."""
     rng = np.random.default_rng(3)
     durations, stalls = rng.uniform(0.005, 0.05, 1000).tolist(), rng.uniform(0.0, 0.004, 1000).tolist()
     one, runs = Recorder(4, keep_steps=False), Recorder(4, keep_steps=False)
