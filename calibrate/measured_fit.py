@@ -28,6 +28,19 @@ HELD_OUT_FRACTION = 0.4
 MAX_HELD_OUT_ERROR_PCT = 20.0  # a profile worse than this on held-out runs is refused unless forced
 
 
+def fitted_names(scenario: Scenario) -> tuple[str, ...]:
+    """:data:`FITTED` for the scenario's model: the GEMM efficiency of its weights' dtype (``fp8_mfu`` for FP8 weights
+    on a card with FP8 tensor cores, else ``prefill_mfu``; sim/step/compute.py)."""
+    if scenario.model.dtype == "fp8" and scenario.hardware.fp8_tflops is not None:
+        return tuple("fp8_mfu" if name == "prefill_mfu" else name for name in FITTED)
+    return FITTED
+
+
+def _card_value(scenario: Scenario, name: str) -> float:
+    value = getattr(scenario.hardware, name)
+    return scenario.hardware.prefill_mfu if value is None else value  # an unset fp8_mfu is prefill_mfu
+
+
 @dataclass
 class MeasuredFit:
     """A fit's values, its loss and the errors (mean |error %| over FIT_METRICS) of the fitted and held-out runs."""
@@ -89,7 +102,8 @@ def fit_measured(
     seed: int = 0,
     on_trial: Callable[[int, float], None] | None = None,
 ) -> MeasuredFit:
-    """Fit :data:`FITTED` to the runs (module docstring) and report fit and held-out errors.
+    """Fit :func:`fitted_names` (:data:`FITTED`, with the GEMM efficiency of the model's dtype) to the runs (module
+    docstring) and report fit and held-out errors.
 
     Raises:
         ValueError: no run has a metric to fit (nothing measured, or nothing finished in simulation).
@@ -99,10 +113,11 @@ def fit_measured(
         run_error(run, scenario, {}, seed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True))
-    study.enqueue_trial({k: getattr(scenario.hardware, k) for k in FITTED})  # the card as it is, first
+    names = fitted_names(scenario)
+    study.enqueue_trial({k: _card_value(scenario, k) for k in names})  # the card as it is, first
     for i in range(trials):
         trial = study.ask()
-        params = {k: trial.suggest_float(k, *FIT_PARAMETERS[k][:2], log=FIT_PARAMETERS[k][2]) for k in FITTED}
+        params = {k: trial.suggest_float(k, *FIT_PARAMETERS[k][:2], log=FIT_PARAMETERS[k][2]) for k in names}
         try:
             losses = [run_error(run, scenario, params, seed)[0] for run in fit_runs]
         except ValueError:  # nothing finished with these values

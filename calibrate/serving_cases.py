@@ -81,6 +81,9 @@ class Setup(_Strict):
     kv_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     input_tokens: Annotated[int, Field(gt=0)]
     output_tokens: Annotated[int, Field(gt=0)]
+    # The source's lengths vary uniformly within ± this share of the stated ones (a benchmark's random range); rebuilt
+    # as the simulator's lognormal lengths with the same coefficient of variation, spread / √3. 0: fixed lengths.
+    length_spread: Annotated[float, Field(ge=0, lt=1)] = 0.0
     num_requests: Annotated[int, Field(gt=0, le=20_000)]
     load: Load
     # colocated: prefill first (SGLang's default); mixed: prefill chunks ride in decode steps (vLLM V1, TensorRT-LLM,
@@ -186,12 +189,13 @@ def case_overrides(case: ServingCase) -> list[str]:
     engine card (:func:`engine_card`)."""
     s, load = case.setup, case.setup.load
     prefill = {"mixed": "colocated"}.get(s.prefill, s.prefill)
+    cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
     out = [
         f"model={s.model}", f"hardware={s.hardware}", f"serving.tp_size={s.tp_size}", f"policies={s.policy}",
         f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={prefill}",
         f"serving.mixed_prefill={s.prefill == 'mixed'}", "workload.trace=null", "workload.time_scale=1",
-        f"workload.synthetic.num_requests={s.num_requests}", "workload.synthetic.prompt_tokens_cv=0",
-        f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", "workload.synthetic.output_tokens_cv=0",
+        f"workload.synthetic.num_requests={s.num_requests}", f"workload.synthetic.prompt_tokens_cv={cv!r}",
+        f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", f"workload.synthetic.output_tokens_cv={cv!r}",
         f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
         f"model.max_seq_len={max(s.input_tokens + s.output_tokens, 4096)}", f"engine={engine_card(case.engine)}",
     ]  # fmt: skip

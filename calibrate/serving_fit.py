@@ -34,7 +34,10 @@ FIT_PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "attn_efficiency": (0.3, 1.0, False),  # decode attention relative to a large GEMM's weight read
     "attn_half_tokens": (1.0, 16384.0, True),  # context per request at which attention reaches half of it
     "moe_efficiency": (0.1, 1.0, False),  # grouped GEMMs of touched experts
-    "prefill_mfu": (0.2, 0.85, False),  # GEMM share of the tensor peak
+    "prefill_mfu": (0.2, 0.85, False),  # BF16 GEMMs' share of the BF16 tensor peak
+    "fp8_mfu": (0.2, 0.85, False),  # FP8 GEMMs' share of the FP8 tensor peak
+    "attn_mfu": (0.2, 0.85, False),  # prefill attention's share of the BF16 tensor peak
+    "prefill_act_passes": (0.0, 48.0, False),  # hidden-size activation reads/writes of a prefill token per layer
     "decode_step_overhead_us": (20.0, 20000.0, True),  # scheduler and launches of one decode step
     "decode_request_overhead_us": (0.1, 300.0, True),  # sampling, detokenisation, scheduling of one request
     "allreduce_call_us": (0.5, 500.0, True),  # launch and synchronisation of one all-reduce
@@ -136,7 +139,10 @@ def shipped_start(card: str = "h200") -> dict[str, float]:
 
     hw = load_card("hardware", card)
     card_field = {"step_serial_us": "decode_step_overhead_us", "request_serial_us": "decode_request_overhead_us"}
-    start = {name: float(hw[name]) for name in FIT_PARAMETERS if name in hw}
+    start = {name: float(hw[name]) for name in FIT_PARAMETERS if hw.get(name) is not None}
+    for name in ("fp8_mfu", "attn_mfu"):  # unset: the card's prefill_mfu (sim/step/compute.py)
+        start.setdefault(name, float(hw["prefill_mfu"]))
+    start.setdefault("prefill_act_passes", 0.0)
     for engine, fields in ENGINE_FIT_PARAMETERS.items():
         spec = load_card("engine", engine)
         for name in fields:

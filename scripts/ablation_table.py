@@ -6,12 +6,14 @@ Takes ~3 minutes on 2 cores. Run: ``python scripts/ablation_table.py [--set key=
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 import pandas as pd
 
 from sim import load_scenario, simulate
+from sim.config import ScenarioError
 from sim.run import with_ratios
 
 CONFIGS = [("qwen3-14b", "h200"), ("qwen3-14b", "h100-sxm"), ("qwen3-30b-a3b", "h200")]
@@ -42,4 +44,9 @@ def main(extra: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main([a for a in sys.argv[1:] if a != "--set"])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override, repeatable")
+    try:
+        main(parser.parse_args().set)
+    except ScenarioError as exc:
+        sys.exit(f"error: {exc}")

@@ -76,13 +76,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "serving",
         help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
         description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
-        "prefill_mfu, decode_step_overhead_us, decode_request_overhead_us, allreduce_call_us and the host costs of "
+        "prefill_mfu, fp8_mfu, attn_mfu, prefill_act_passes, decode_step_overhead_us, decode_request_overhead_us, "
+        "allreduce_call_us and the host costs of "
         "the engines with their own card (calibrate/serving_fit.py, bounds there) to the "
-        "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations, then simulate both sets "
+        "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations (its first trial: the shipped "
+        "cards' values), then simulate both sets "
         "with the fitted values. Writes OUT/fit.yaml (values, bounds, loss, provenance), one profile per card "
         "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), one engine card per fitted "
         "engine (OUT/engine-<name>.yaml: --set engine=...), OUT/serving.csv, "
-        "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 6 s per trial on 2 cores.",
+        "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 3 s per trial on 2 cores.",
     )
     srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
     srv.add_argument("--trials", type=int, default=200, help="Optuna trials (default 200)")

@@ -173,6 +173,13 @@ class HardwareSpec(Spec):
     attn_half_tokens: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
+    # Prefill's other kernels (sim/step/compute.py; fitted like the above, docs/sources.md §11): FP8 GEMMs' share of
+    # the FP8 peak and prefill attention's (FlashAttention) share of the BF16 peak (None: prefill_mfu), and the
+    # activation passes of a prefill token per layer in the memory-bound kernels between the GEMMs (norms, rotary,
+    # activation, residual adds: reads and writes of hidden-size vectors at the HBM roofline; 0: free).
+    fp8_mfu: Annotated[float, Field(gt=0, le=1)] | None = None
+    attn_mfu: Annotated[float, Field(gt=0, le=1)] | None = None
+    prefill_act_passes: Annotated[float, Field(ge=0, le=1000)] = 0.0
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
     decode_request_overhead_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0  # per request per step (CPU)
     allreduce_call_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0

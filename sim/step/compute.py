@@ -16,8 +16,9 @@ launch and tail effects of small kernels), which is the same as each kernel read
 kernel of a request with c tokens runs at ``η_attn · c / (c + h_attn)`` of that (``attn_efficiency``,
 ``attn_half_tokens``: short contexts cannot fill the GPU), the same as each request reading h_attn extra tokens.
 For MoE, ``E_touched(B) = E · (1 − (1 − k/E)^B)`` distinct experts (uniform routing), each read once, by grouped
-GEMMs at ``moe_efficiency`` η_moe. GEMMs run at the weights' dtype peak (``fp8_tflops`` for FP8 weights on a card
-that has FP8 tensor cores, else ``bf16_tflops``) times ``prefill_mfu``; attention FLOPs at the BF16 peak.
+GEMMs at ``moe_efficiency`` η_moe. GEMMs run at the weights' dtype peak times its efficiency (``fp8_tflops`` ×
+``fp8_mfu`` for FP8 weights on a card that has FP8 tensor cores, else ``bf16_tflops`` × ``prefill_mfu``); attention
+FLOPs at the BF16 peak × ``attn_mfu`` (FlashAttention's own efficiency; unset, either takes ``prefill_mfu``).
 Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound); peaks and bandwidth from the
 hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead and c_ar fitted to public serving
 measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
@@ -35,9 +36,15 @@ large-GPU-work steps do not notice (docs/sources.md §11).
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
-    flops = Σ [2 · c · L · P_active_layer] / (peak_w · mfu) + Σ [4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
-            / (peak_bf16 · mfu) + 2 · hidden · vocab / (peak_w · mfu) per request whose prompt completes
+    flops = Σ [2 · c · L · P_active_layer] / (peak_w · mfu_w) + Σ [4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
+            / (peak_bf16 · mfu_attn) + 2 · hidden · vocab / (peak_w · mfu_w) per request whose prompt completes
+            + Σ c · L · passes · hidden · activation_bytes / (BW · η_hbm)
     time  = max(flops, weight_bytes / (BW · η_hbm)) + L · 2 · all-reduce of the chunk tokens (tp_size > 1)
+
+The last term is the memory-bound kernels between the GEMMs (RMSNorm, rotary, SiLU-and-multiply, residual adds):
+``prefill_act_passes`` reads and writes of a hidden-size activation per token and layer, at the HBM roofline. It
+makes a compute-poor, bandwidth-rich card (H20: 148 TFLOP/s, 4 TB/s) reach a larger share of its tensor peak in
+prefill than a compute-rich one (H100: 989 TFLOP/s, 3.35 TB/s), as the roofline says it should.
 
 A prefill chunk that rides in a decode step (``serving.mixed_prefill``) adds only its FLOPs and all-reduces
 (:meth:`ComputeModel.prefill_extra_s`): the step reads the weights anyway.
@@ -95,8 +102,10 @@ class ComputeModel:
         self.attn_half_tokens = hw.attn_half_tokens
         self.expert_bandwidth_bps = self.bandwidth_bps * hw.moe_efficiency
         fp8 = model.dtype == "fp8" and hw.fp8_tflops is not None
-        self.flops_per_s = (hw.fp8_tflops if fp8 else hw.bf16_tflops) * 1e12 * hw.prefill_mfu  # GEMMs
-        self.attn_flops_per_s = hw.bf16_tflops * 1e12 * hw.prefill_mfu
+        gemm_mfu = (hw.fp8_mfu or hw.prefill_mfu) if fp8 else hw.prefill_mfu
+        self.flops_per_s = (hw.fp8_tflops if fp8 else hw.bf16_tflops) * 1e12 * gemm_mfu  # GEMMs
+        self.attn_flops_per_s = hw.bf16_tflops * 1e12 * (hw.attn_mfu or hw.prefill_mfu)
+        self.prefill_token_layer_s = hw.prefill_act_passes * self.activation_bytes_per_token / self.bandwidth_bps
         self.kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer
         self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
         self.num_experts = model.num_experts
@@ -214,11 +223,16 @@ class ComputeModel:
         return extra_s
 
     def _prefill_flops_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
+        """Seconds of a prefill forward's kernels (module docstring): GEMM and attention FLOPs at their peaks and
+        efficiencies, plus the memory-bound activation passes of its tokens."""
         gemm = 2.0 * num_completing * self.lm_head_params
         per_token = 2.0 * self.num_layers * self.active_params_layer
         attn = 0.0
+        tokens = 0
         attn_per = self.attn_flops_per_token * self.num_layers
         for new, cached in chunks:
+            tokens += new
             gemm += per_token * new
             attn += attn_per * (new * cached + new * (new + 1) / 2)
-        return gemm / self.flops_per_s + attn / self.attn_flops_per_s
+        passes_s = tokens * self.num_layers * self.prefill_token_layer_s
+        return gemm / self.flops_per_s + attn / self.attn_flops_per_s + passes_s

@@ -54,6 +54,18 @@ def test_every_modelled_case_rebuilds_as_a_valid_scenario(suite):
         assert scn.serving.mixed_prefill == (c.setup.prefill == "mixed")
 
 
+def test_a_length_spread_becomes_lognormal_lengths_of_the_same_cv(suite):
+    """A source's ±15 % random range is rebuilt with cv 0.15 / √3 (a uniform spread's); fixed lengths stay fixed."""
+    spread = [c for c in suite if c.setup.length_spread]
+    assert spread and all(c.name.startswith("vllmblog_") for c in spread)
+    scn = load_scenario("default", sc.case_overrides(spread[0]))
+    assert scn.workload.synthetic.prompt_tokens_cv == pytest.approx(0.15 / np.sqrt(3))
+    assert scn.workload.synthetic.output_tokens_cv == pytest.approx(0.15 / np.sqrt(3))
+    fixed = next(c for c in suite if not c.setup.length_spread and not c.not_modelled)
+    scn = load_scenario("default", sc.case_overrides(fixed))
+    assert scn.workload.synthetic.prompt_tokens_cv == 0 and scn.workload.synthetic.output_tokens_cv == 0
+
+
 def test_a_case_file_without_metrics_is_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     text = (sc.serving_cases_dir() / f"{sc.serving_case_names()[0]}.yaml").read_text()

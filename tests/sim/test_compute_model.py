@@ -17,7 +17,8 @@ def _model(name: str) -> ModelSpec:
 # The shipped cards carry fitted efficiencies; these tests take the plain roofline the formula reduces to when the
 # size-dependent terms are off, and the tests at the end switch each term on by hand.
 ROOFLINE = dict(hbm_half_bytes=0.0, attn_efficiency=1.0, attn_half_tokens=0.0, moe_efficiency=1.0,
-                allreduce_call_us=0.0, decode_request_overhead_us=0.0)  # fmt: skip
+                allreduce_call_us=0.0, decode_request_overhead_us=0.0, fp8_mfu=None, attn_mfu=None,
+                prefill_act_passes=0.0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +153,44 @@ def test_fp8_weights_halve_the_weight_read_and_use_the_fp8_peak():
     assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token  # kv_dtype unset: the weights' dtype
     no_fp8 = ComputeModel(fp8, _card(fp8_tflops=None))  # a card without FP8 tensor cores runs BF16 GEMMs
     assert no_fp8.flops_per_s == pytest.approx(a.flops_per_s)
+
+
+def test_prefill_by_hand_with_its_own_gemm_attention_and_memory_terms():
+    """FP8 GEMMs at fp8_mfu of the FP8 peak, attention at attn_mfu of the BF16 peak, and prefill_act_passes
+    hidden-size activation reads/writes per token and layer at the HBM roofline (module docstring)."""
+    fp8 = ModelSpec.model_validate({**load_card("model", "llama-3.1-8b"), "dtype": "fp8"})
+    hw = _card(prefill_mfu=0.6, fp8_mfu=0.4, attn_mfu=0.5, prefill_act_passes=12.0)
+    c = ComputeModel(fp8, hw)
+    new, cached = 3000, 1000
+    gemm = (2 * new * fp8.num_layers * fp8.active_params_per_layer + 2 * fp8.vocab_size * fp8.hidden_size) / (
+        hw.fp8_tflops * 1e12 * 0.4
+    )
+    attn_flops = 4 * fp8.num_heads * fp8.head_dim * fp8.num_layers * (new * cached + new * (new + 1) / 2)
+    attn = attn_flops / (hw.bf16_tflops * 1e12 * 0.5)
+    passes = new * fp8.num_layers * 12.0 * fp8.hidden_size * fp8.activation_bytes / _bandwidth(hw)
+    assert c.prefill_s([(new, cached)], 1) == pytest.approx(gemm + attn + passes, rel=1e-12)
+    assert c.prefill_extra_s([(new, cached)], 1) == pytest.approx(gemm + attn + passes, rel=1e-12)
+    # BF16 weights ignore fp8_mfu; unset efficiencies take prefill_mfu, and no passes cost nothing
+    bf16 = ComputeModel(_model("llama-3.1-8b"), hw)
+    assert bf16.flops_per_s == pytest.approx(hw.bf16_tflops * 1e12 * 0.6)
+    plain = ComputeModel(fp8, _card(prefill_mfu=0.6))
+    assert plain.flops_per_s == pytest.approx(hw.fp8_tflops * 1e12 * 0.6)
+    assert plain.attn_flops_per_s == pytest.approx(hw.bf16_tflops * 1e12 * 0.6)
+    assert plain.prefill_token_layer_s == 0.0
+
+
+def test_activation_passes_lift_a_bandwidth_rich_cards_share_of_its_peak():
+    """The memory-bound passes cost the same bytes on every card, so they take a smaller share of a prefill on a
+    card with more bandwidth per FLOP (H20) than on one with less (H100)."""
+    m = _model("llama-3.1-8b")
+    shares = {}
+    for name in ("h20", "h100-sxm"):
+        card = {**load_card("hardware", name), **ROOFLINE, "prefill_mfu": 0.6}
+        with_passes = ComputeModel(m, HardwareSpec.model_validate({**card, "prefill_act_passes": 20.0}))
+        without = ComputeModel(m, HardwareSpec.model_validate(card))
+        chunk = [(8192, 0)]
+        shares[name] = without.prefill_s(chunk, 1) / with_passes.prefill_s(chunk, 1)
+    assert 0 < shares["h100-sxm"] < shares["h20"] < 1
 
 
 def test_an_fp8_kv_cache_halves_the_kv_bytes():

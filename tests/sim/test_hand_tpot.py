@@ -15,7 +15,9 @@ PROMPT, OUTPUT = 20000, 50  # tokens of the one request
 def _hand_model(scn):
     m, hw = scn.model, scn.hardware
     bw = hw.hbm_bandwidth_gbps * 1e9 * hw.hbm_efficiency
-    flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu  # a BF16 model: GEMMs and attention at the BF16 peak
+    flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu  # a BF16 model: GEMMs at the BF16 peak times their efficiency
+    attn_flops = hw.bf16_tflops * 1e12 * (hw.attn_mfu or hw.prefill_mfu)  # attention at its own
+    pass_s = hw.prefill_act_passes * m.hidden_size * 2 / bw  # a prefill token's memory-bound passes in one layer
     half = hw.hbm_half_bytes  # each kernel reads this much more (its size-dependent efficiency)
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     layer_params = 2 * m.hidden_size * q + 2 * m.hidden_size * kv + 3 * m.hidden_size * m.intermediate_size
@@ -25,14 +27,17 @@ def _hand_model(scn):
 
     def layer_s(attended: int) -> float:  # batch of one: 4 weight GEMMs, then attention over one request
         gemm = max((layer_params * 2 + 4 * half) / bw, 2 * layer_params / flops)
-        attn = max(kv_layer * (attended + hw.attn_half_tokens) / (bw * hw.attn_efficiency), 4 * q * attended / flops)
+        attn = max(
+            kv_layer * (attended + hw.attn_half_tokens) / (bw * hw.attn_efficiency), 4 * q * attended / attn_flops
+        )
         return gemm + attn
 
     head_s = max((lm * 2 + half) / bw, 2 * lm / flops) + hw.decode_request_overhead_us * 1e-6
 
     def prefill_s(new: int, cached: int, completing: int) -> float:
-        f = 2 * new * m.num_layers * layer_params + 4 * q * m.num_layers * (new * cached + new * (new + 1) / 2)
-        return max((f + completing * 2 * lm) / flops, weights / bw)
+        gemm = (2 * new * m.num_layers * layer_params + completing * 2 * lm) / flops
+        attn = 4 * q * m.num_layers * (new * cached + new * (new + 1) / 2) / attn_flops
+        return max(gemm + attn + new * m.num_layers * pass_s, weights / bw)
 
     ttft = prefill_s(8192, 0, 0) + prefill_s(8192, 8192, 0) + prefill_s(PROMPT - 16384, 16384, 1)
     return layer_s, head_s, ttft, hw.decode_step_overhead_us * 1e-6
