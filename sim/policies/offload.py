@@ -100,6 +100,7 @@ class OffloadServing(Policy):
         pays = self.io_overlaps and params.io != "gpu_gather"
         self.eager_launch_s = params.eager_launch_us_per_layer * 1e-6 if pays else 0.0
         self.event_wait_s = params.event_wait_us * 1e-6 if pays else 0.0
+        self._recall_table = np.zeros((0, 4))  # _recall_costs' rows so far
 
     @cached_property
     def admission(self) -> Admission:
@@ -232,41 +233,54 @@ class OffloadServing(Policy):
                 np.add.at(cand, cells, candidates)
             group_s = np.stack([self._layer_s(int(sizes[g]), att[:, g], cand[:, g]) for g in range(G)], axis=1)
         n_off = int(np.count_nonzero(offloaded))
-        per_step, per_layer = np.zeros(k, dtype=np.int64), np.zeros((k, L), dtype=np.int64)  # nothing recalled (yet)
-        costs = StepCosts(
-            group_s, None, self.compute.decode_head_s(batch), n_off * self.kv_bytes_per_token, attended, per_layer,
-            per_layer, per_step, per_step, per_step, per_step, params.lookahead_layers * G, params.chunk_bytes, None,
-        )  # fmt: skip
-        if not n_off:
-            return costs
+        head_s, d2h_bytes = self.compute.decode_head_s(batch), n_off * self.kv_bytes_per_token
+        lookahead = params.lookahead_layers * G
+        if not n_off:  # nothing recalled
+            per_step, per_layer = np.zeros(k, dtype=np.int64), np.zeros((k, L), dtype=np.int64)
+            return StepCosts(
+                group_s, None, head_s, d2h_bytes, attended, per_layer, per_layer, per_step, per_step, per_step,
+                per_step, lookahead, params.chunk_bytes, None,
+            )  # fmt: skip
         cache = None
         if self.shared_cache:  # fragments the shared cache holds: a fixed size, or what the pool leaves free
             cache_bytes = np.full(k, self.reserved_hbm_bytes) if self.reserved_hbm_bytes else free_hbm_bytes
             cache = cache_bytes / self.recall.fragment_bytes
-        state = recall_state[offloaded] if self.recall_state_width and recall_state is not None else None
+        every = n_off == batch  # (the recall model reads its arrays: no copies of them when all are offloaded)
+        state = None
+        if self.recall_state_width and recall_state is not None:
+            state = recall_state if every else recall_state[offloaded]
         gid = None if groups is None else groups[offloaded]
-        rec = self.recall.run(ctx[:, offloaded], cold[offloaded], draws, gid, G, state, cache)
-        costs.recall, costs.selected_fragments = rec, rec.selected_fragments
+        off_ctx, off_cold = (ctx, cold) if every else (ctx[:, offloaded], cold[offloaded])
+        rec = self.recall.run(off_ctx, off_cold, draws, gid, G, state, cache)
         nbytes, frags = rec.nbytes, rec.fragments  # int64 [k, G, L]
-        if rec.contiguous_s is not None and params.io == "per_fragment":  # selection all: one copy per request
+        if rec.contiguous_s is None:  # sparse selection: a cell's recall costs are a function of its fragments
+            cells = np.take(self._recall_costs(int(frags.max())), frags, axis=0)
+        elif params.io == "per_fragment":  # selection all: one copy per request
             link = np.where(nbytes > 0, rec.contiguous_s[:, :, None], 0.0)
-            gather = np.zeros_like(link)
+            cells = np.stack((nbytes.astype(float), link, link, np.zeros_like(link)), axis=-1)
+        else:  # selection all: one contiguous fragment per request, of its own size
+            cells = self._cell_costs(nbytes, frags)
+        gather, link = cells[..., 3], cells[..., 2]  # float64 [k, G, L] host gather and link seconds
+        if G == 1:  # per layer, summed over the groups (one group: the same numbers, reshaped)
+            layer_bytes, layer_frags = nbytes.reshape(k, L), frags.reshape(k, L)
         else:
-            gather, link = self.link.layer_times(nbytes, frags, self.link_io, params.chunk_bytes)  # float [k, G, L]
-        costs.layer_bytes, costs.layer_fragments = nbytes.sum(axis=1), frags.sum(axis=1)
-        costs.recall_bytes, costs.num_fragments = costs.layer_bytes.sum(axis=1), costs.layer_fragments.sum(axis=1)
+            layer_bytes, layer_frags = nbytes.sum(axis=1), frags.sum(axis=1)
+        recall_bytes, num_fragments = layer_bytes.sum(axis=1), layer_frags.sum(axis=1)
         if params.io == "per_fragment":
-            costs.num_transfers = costs.num_fragments
+            transfers = num_fragments
         else:  # one copy, batched call or kernel per (group, layer)
-            costs.num_transfers = (nbytes != 0).reshape(k, -1).sum(axis=1)
+            transfers = (nbytes != 0).reshape(k, -1).sum(axis=1)
+        costs = StepCosts(
+            group_s, None, head_s, d2h_bytes, attended, layer_bytes, layer_frags, recall_bytes, num_fragments,
+            transfers, rec.selected_fragments, lookahead, params.chunk_bytes, rec,
+        )  # fmt: skip
 
         def items(x: np.ndarray) -> np.ndarray:  # [k, G, L] -> [k, L·G] in GPU order (layer-major, group-minor)
             return x.transpose(0, 2, 1).reshape(k, L * G)
 
         overhead = None  # float64 [k, L·G] eager launches and event waits of the steps that recall, or None
-        if self.eager_launch_s or self.event_wait_s:
-            item_recalls = items(nbytes) > 0
-            overhead = self.eager_launch_s * item_recalls.any(axis=1)[:, None] + self.event_wait_s * item_recalls
+        if self.eager_launch_s or self.event_wait_s:  # (a step recalls where it moves any bytes)
+            overhead = self.eager_launch_s * costs.has_recall[:, None] + self.event_wait_s * (items(nbytes) > 0)
         if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
             costs.compute_s = np.tile(group_s, L) + items(gather) + items(link)
         elif not self.interruptible:
@@ -277,19 +291,34 @@ class OffloadServing(Policy):
             elif overhead is not None:
                 costs.compute_s = self._plus_layers(overhead, group_s)
         else:  # items in GPU order, split into prefetch and urgent correction
-            item_bytes, item_copy, item_gather = items(nbytes).astype(float), items(link), items(gather)
-            item_s = item_copy
-            if self.link_io == "streamed":
-                item_s = self.link.streamed_s(item_gather, item_copy, item_bytes, params.chunk_bytes)
-            elif params.io == "gpu_gather":
-                costs.compute_s = self._sm_shared(np.tile(group_s, L), item_copy, costs.lookahead_items)
+            parts = cells.transpose(0, 2, 1, 3).reshape(k, L * G, 4)  # float64 [k, L·G, 4]
+            if params.io == "gpu_gather":
+                costs.compute_s = self._sm_shared(np.tile(group_s, L), parts[..., 2], costs.lookahead_items)
             if overhead is not None:  # (never with gpu_gather: its recall is in the graph)
                 costs.compute_s = self._plus_layers(overhead, group_s)
-            parts = np.empty((k, L * G, 4))  # float64 [k, L·G, 4]
-            parts[..., 0], parts[..., 1], parts[..., 2], parts[..., 3] = item_bytes, item_s, item_copy, item_gather
             f = self.correction_frac
             costs.jobs = ((1 - f) * parts, f * parts)
         return costs
+
+    def _cell_costs(self, nbytes: np.ndarray, fragments: np.ndarray) -> np.ndarray:
+        """What (group, layer) recalls of ``nbytes`` in ``fragments`` (int64 arrays of one shape) cost on the link:
+        float64 [..., 4] of bytes, link-held seconds (the streamed job, else the link's), link seconds and host gather
+        seconds (:meth:`LinkModel.layer_times`, :meth:`LinkModel.streamed_s`; the interruptible jobs' columns)."""
+        gather, link = self.link.layer_times(nbytes, fragments, self.link_io, self.params.chunk_bytes)
+        held = link
+        if self.link_io == "streamed":
+            held = self.link.streamed_s(gather, link, nbytes.astype(float), self.params.chunk_bytes)
+        return np.stack((nbytes.astype(float), held, link, gather), axis=-1)
+
+    def _recall_costs(self, most: int) -> np.ndarray:
+        """:meth:`_cell_costs` of f = 0, 1, ..., F − 1 fragments of ``fragment_bytes`` each (F > ``most``): float64
+        [F, 4]. With sparse selection a cell's costs are a function of its fragments alone, so they are computed once
+        for each count and looked up (the same numbers, per cell)."""
+        table = self._recall_table
+        if len(table) <= most:
+            fragments = np.arange(max(most + 1, 2 * len(table), 64))
+            table = self._recall_table = self._cell_costs(fragments * self.recall.fragment_bytes, fragments)
+        return table
 
     def runs_offloaded(self) -> bool:
         """Whether skip-ahead times k offloaded steps at once (sim/serving/offload_run.py, compiled run kernels):

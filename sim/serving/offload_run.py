@@ -49,29 +49,22 @@ class OffloadedRun:
 
     run: DecodeRun  # the j steps, with their recall columns and per-layer records
     costs: StepCosts  # arrays over the k ≥ j steps costed (the first j ran)
-    link_free_s: float  # the link's queue end after the run
-    d2h_free_s: float  # the D2H queue's end after the run
-    d2h_busy_s: float  # D2H seconds queued since the replica started, after the run
-    timing: tuple  # time_steps' arguments before its bound (now, compute, ..., sequential), stop_recall and host_s
+    timed: StepsTiming  # the steps timed (at least the j; each step's timing does not depend on the later ones)
 
-    def cut(self, steps: int, policy: Policy, batch: DecodeBatch, devices: StepDevices) -> OffloadedRun:
-        """The run's first ``steps`` (1 <= steps <= its steps), timed again from the same start (``batch``, its
-        recall state and ``devices`` not changed since): what stepping leaves after those steps (a run cut by an
-        arrival, ``SkipAhead._wait_run``)."""
-        run = self.run
-        if steps == run.steps:
+    def cut(self, steps: int, policy: Policy, batch: DecodeBatch) -> OffloadedRun:
+        """The run's first ``steps`` (1 <= steps <= its steps), for ``batch`` (its recall state not changed since):
+        what stepping leaves after those steps (a run cut by an arrival, ``SkipAhead._wait_run``)."""
+        if steps == self.run.steps:
             return self
-        *args, stop_recall, host_s = self.timing
-        timed = devices.time_steps(*args, run.times_s[steps + 1], stop_recall, host_s=host_s)
-        assert timed.steps == steps, "a cut offloaded run timed differently"
         ctx, held, need = grown_blocks(policy, batch, steps)
-        return _offloaded(self.costs, timed, steps, ctx[-1].copy(), held[-1].copy(), need.tolist(), self.timing)
+        return _offloaded(self.costs, self.timed, steps, ctx[-1].copy(), held[-1].copy(), need.tolist())
 
     def commit(self, batch: DecodeBatch, devices: StepDevices) -> None:
         """What the run's steps leave in the batch's recall state (their draws consumed, as a single step's
-        ``step_cost`` commits its own) and the devices' queues."""
-        self.costs.commit(self.run.steps, batch.recall_state, batch.offloaded)
-        devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = self.link_free_s, self.d2h_free_s, self.d2h_busy_s
+        ``step_cost`` commits its own) and the devices' queues (as the timing left them after its last step)."""
+        steps = self.run.steps
+        self.costs.commit(steps, batch.recall_state, batch.offloaded)
+        devices.link_free_s, devices.d2h_free_s, devices.d2h_busy_s = self.timed.queues_s[steps - 1].tolist()
 
 
 def next_offloaded_run(
@@ -137,31 +130,25 @@ def next_offloaded_run(
     compute_s = costs.compute_s if costs.compute_s is not None else np.tile(costs.group_layer_s, (1, num_layers))
     seen, timeline_step = recorder.recall_steps, recorder.timeline_step
     stop_recall = 1 if seen == 0 else (timeline_step - seen if seen < timeline_step else math.inf)
-    bound_s = next_event_s
-    args = (
+    timed = devices.time_steps(
         now_s, compute_s, costs.has_recall, overhead_s, head_s, costs.d2h_bytes, costs.jobs, costs.lookahead_items,
-        costs.chunk_bytes, costs.sequential,
+        costs.chunk_bytes, costs.sequential, next_event_s, stop_recall, host_s=host_s, soft_s=soft_s,
     )  # fmt: skip
-    while True:
-        timed = devices.time_steps(*args, bound_s, stop_recall, host_s=host_s, soft_s=soft_s)
-        j, times = timed.steps, timed.times_s
-        tie = ties.first_at(times[1 : j + 1]) if ties is not None and j >= 2 else j
-        if tie < j:  # a step ends exactly at an arrival that may cut the run: time it again, ending before that step
-            bound_s = float(times[tie + 1])
-            continue
-        if j < 2 or arrivals is None or not arrivals.at(float(times[j])):
-            break
-        bound_s = float(times[j])  # never end exactly at an arrival: time the run again, ending a step earlier
+    j, times = timed.steps, timed.times_s  # (a step's timing does not depend on later ones: the first i are a run)
+    if ties is not None and j >= 2:  # a step ends exactly at an arrival that may cut the run: end before that step
+        j = ties.first_at(times[1 : j + 1])
+    while j >= 2 and arrivals is not None and arrivals.at(float(times[j])):  # never end exactly at an arrival
+        j -= 1
     if j < 2 or not lands_exactly(now_s, float(times[j])):
         return None
-    timing = (*args, stop_recall, host_s)
-    return _offloaded(costs, timed, j, ctx[j - 1].copy(), held[j - 1].copy(), need[:j].tolist(), timing)
+    return _offloaded(costs, timed, j, ctx[j - 1].copy(), held[j - 1].copy(), need[:j].tolist())
 
 
 def _offloaded(
-    costs: StepCosts, timed: StepsTiming, j: int, ctx: np.ndarray, held: np.ndarray, need: list[int], timing: tuple
+    costs: StepCosts, timed: StepsTiming, j: int, ctx: np.ndarray, held: np.ndarray, need: list[int]
 ) -> OffloadedRun:
-    """The :class:`OffloadedRun` of the first ``j`` costed steps, timed (``timed``: ``StepsTiming`` of j steps)."""
+    """The :class:`OffloadedRun` of the first ``j`` costed steps (``timed``: ``StepsTiming`` of at least j
+    steps)."""
     times = timed.times_s
     steps = np.flatnonzero(costs.recall_bytes[:j] > 0)  # the steps that recalled (has_recall of the first j)
     recalled = steps.tolist()
@@ -172,9 +159,9 @@ def _offloaded(
     )  # fmt: skip
     run = DecodeRun(
         times[: j + 1].tolist(), costs.attended_tokens[:j].tolist(), ctx, held, need, recall, recalled,
-        costs.layer_bytes[steps], costs.layer_fragments[steps], timed.item_stall_s[steps],
+        *(np.take(x, steps, axis=0) for x in (costs.layer_bytes, costs.layer_fragments, timed.item_stall_s)),
     )  # fmt: skip
-    return OffloadedRun(run, costs, timed.link_free_s, timed.d2h_free_s, timed.d2h_busy_s, timing)
+    return OffloadedRun(run, costs, timed)
 
 
 def preload_kernels() -> None:

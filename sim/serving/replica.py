@@ -280,8 +280,9 @@ class Replica(Prefill, SkipAhead):
                 rec.gather_busy_s += gather_s
         if run.recalled is not None:
             rec.recall_steps += len(run.recalled)
-            starts_s, ends_s = [times_s[i] for i in run.recalled], [times_s[i + 1] for i in run.recalled]
-            rec.add_layers(starts_s, ends_s, run.layer_bytes, run.layer_fragments, run.layer_stall_s)
+            if rec.keep_steps:  # (per-layer records are kept with the step rows)
+                starts_s, ends_s = [times_s[i] for i in run.recalled], [times_s[i + 1] for i in run.recalled]
+                rec.add_layers(starts_s, ends_s, run.layer_bytes, run.layer_fragments, run.layer_stall_s)
         allocated = run.allocated_blocks
         before = kv.device.used - allocated[-1]
         blocks_used = [before + blocks for blocks in allocated]  # after each step

@@ -101,7 +101,7 @@ class SkipAhead:
         if offloaded is None:
             return False
         steps = yield from self._wait_run(offloaded.run.times_s)
-        offloaded = offloaded.cut(steps, self.policy, b, dev)
+        offloaded = offloaded.cut(steps, self.policy, b)
         offloaded.commit(b, dev)
         self._take_blocks(offloaded.run)
         self._apply_run(offloaded.run)

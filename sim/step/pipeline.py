@@ -23,13 +23,15 @@ in the same proportions). The event loop has three timers (GPU end, link done, p
 of ready jobs keyed by rank: the urgent correction of item i has key i, the prefetch of item i key n + i.
 
 **Steps in order** (:func:`time_steps`; docs/design.md §13). Each step starts where the previous one ended, from the
-link's queue the previous step left: D2H queue (:func:`fifo_end_s`), H2D slowdown (:func:`h2d_slowdown`,
-:func:`stretch`), one of the two pipelines from ``start + overhead``, and the clock advanced by ``end + head −
-start`` (at least the engine's overlapped host work, :func:`host_bound_s`) as a SimPy timeout of that delay does
-(:func:`idle_step_s` for a step that recalls nothing). It stops before the first step that ends at or after the next
-event (``next_event_s``: one a step in flight would see, the horizon), or that would be the ``stop_recall``-th step
-that recalls; and after the first step that ends past ``soft_s`` (an event a step in flight does not see: its effects
-reach the scheduler at the decision after that step, sim/serving/decode_run.py), before one that ends exactly at it.
+link's queue the previous step left: D2H queue (:func:`fifo_end_s`), H2D slowdown (:func:`h2d_slowdown`; a job's
+copy share, and its link-held time with it, stretched as :func:`_release` releases the job), one of the two pipelines
+from ``start + overhead``, and the clock advanced by ``end + head − start`` (at least the engine's overlapped host
+work, :func:`host_bound_s`) as a SimPy timeout of that delay does (:func:`idle_step_s` for a step that recalls
+nothing). It stops before the first step that ends at or after the next event (``next_event_s``: one a step in flight
+would see, the horizon), or that would be the ``stop_recall``-th step that recalls; and after the first step that
+ends past ``soft_s`` (an event a step in flight does not see: its effects reach the scheduler at the decision after
+that step, sim/serving/decode_run.py), before one that ends exactly at it. A step's timing depends on the steps before
+it only, so the first i steps timed are what timing i steps gives (the queues after each step are returned too).
 
 **Compiled.** The functions below are plain Python; :func:`compiled_time_steps` compiles copies of them with numba
 (the ``fast`` extra; cached on disk), and ``run.kernels: python`` runs them as they are. Every compiled function
@@ -49,6 +51,11 @@ COMPUTE, GATHER, TRANSFER = 0, 1, 2
 INTERVAL_KINDS = ("compute", "gather", "transfer")
 # float state slots of the interruptible loop
 _SEG, _LINK_FREE, _LINK_DONE, _CHECK, _BUSY, _GBUSY = range(6)
+# Its work arrays (:func:`interrupt_scratch`; two arrays, not seven: each array a compiled call is passed costs it):
+# rows of the floats per job key (remaining service s, chunk s, copy and gather shares of the service), and of the
+# ints (heap of released keys, missing jobs per item, the link: [key of the job on it (-1: none), heap size]).
+_REM, _CHUNK, _COPY, _GATHER = range(4)
+_HEAP, _MISSING, _LINK = range(3)
 
 
 def host_bound_s(serial_s, host_s):
@@ -77,21 +84,6 @@ def h2d_slowdown(d2h_busy_s, step_s, coupling):
 def fifo_end_s(now_s, queue_end_s, seconds):
     """When a FIFO queue that is busy until ``queue_end_s`` finishes ``seconds`` of work queued at ``now_s``."""
     return max(now_s, queue_end_s) + seconds
-
-
-def stretch(jobs, slow, out):
-    """float64 [n, 4] jobs (bytes, link-held s, copy s, gather s) with each present job's copy share ``slow`` times
-    longer (its link-held time grows by the extra copy time), written into ``out`` (float64 [n, 4], returned); the
-    input itself when ``slow`` is 1."""
-    if slow == 1.0:
-        return jobs
-    out[:] = jobs
-    for i in range(out.shape[0]):
-        if out[i, 1] > 0:
-            extra = out[i, 2] * (slow - 1.0)
-            out[i, 1] += extra
-            out[i, 2] += extra
-    return out
 
 
 def _record(intervals, count, kind, item, start, end, preempted):
@@ -143,121 +135,125 @@ def _sequential(t0, compute, link_s, gather_s, slow, link_free, stalls, interval
     return gpu_free, stall, busy, link_free, gbusy, count
 
 
-def _push(heap, st, key):
-    """Push ``key`` on the binary min-heap ``heap[:st[1]]`` (st[1] = its size)."""
-    i = st[1]
-    st[1] += 1
+def _push(ints, key):
+    """Push ``key`` on the binary min-heap ``ints[_HEAP, :size]`` (size = ``ints[_LINK, 1]``)."""
+    i = ints[_LINK, 1]
+    ints[_LINK, 1] += 1
     while i > 0:
         parent = (i - 1) >> 1
-        if heap[parent] <= key:
+        if ints[_HEAP, parent] <= key:
             break
-        heap[i] = heap[parent]
+        ints[_HEAP, i] = ints[_HEAP, parent]
         i = parent
-    heap[i] = key
+    ints[_HEAP, i] = key
 
 
-def _pop(heap, st):
+def _pop(ints):
     """Pop the lowest key of the heap (which is not empty)."""
-    top = heap[0]
-    st[1] -= 1
-    size = st[1]
-    last = heap[size]
+    top = ints[_HEAP, 0]
+    ints[_LINK, 1] -= 1
+    size = ints[_LINK, 1]
+    last = ints[_HEAP, size]
     i = 0
     while True:
         child = 2 * i + 1
         if child >= size:
             break
-        if child + 1 < size and heap[child + 1] < heap[child]:
+        if child + 1 < size and ints[_HEAP, child + 1] < ints[_HEAP, child]:
             child += 1
-        if last <= heap[child]:
+        if last <= ints[_HEAP, child]:
             break
-        heap[i] = heap[child]
+        ints[_HEAP, i] = ints[_HEAP, child]
         i = child
-    heap[i] = last
+    ints[_HEAP, i] = last
     return top
 
 
-def _release(table, i, key, t, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs):  # noqa: PLR0913
-    """Release item i's job of ``table`` under ``key``; if it outranks the job on the link, arm the pre-emption check
-    at that job's next chunk boundary."""
+def _release(table, i, key, t, chunk_bytes, slow, keyed, ints, fs):  # noqa: PLR0913
+    """Release item i's job of ``table`` (float64 [n, 4]: bytes, link-held s, copy s, gather s) under ``key``, its copy
+    share ``slow`` times longer (the link-held time grows by the extra copy time); if it outranks the job on the
+    link, arm the pre-emption check at that job's next chunk boundary."""
     nbytes = table[i, 0]
     service = table[i, 1]
     if service <= 0.0:
         return
-    rem[key] = service
-    chunk[key] = service * min(1.0, chunk_bytes / nbytes)
-    cfrac[key] = table[i, 2] / service
-    gfrac[key] = table[i, 3] / service
-    _push(heap, st, key)
-    c = st[0]
+    copy = table[i, 2]
+    if slow != 1.0:
+        extra = copy * (slow - 1.0)
+        service += extra
+        copy += extra
+    keyed[_REM, key] = service
+    keyed[_CHUNK, key] = service * min(1.0, chunk_bytes / nbytes)
+    keyed[_COPY, key] = copy / service
+    keyed[_GATHER, key] = table[i, 3] / service
+    _push(ints, key)
+    c = ints[_LINK, 0]
     if c >= 0 and key < c:
         seg = fs[_SEG]
-        chunks = math.ceil((t - seg) / chunk[c] - 1e-12) if t > seg else 1
-        boundary = seg + max(chunks, 1) * chunk[c]
-        if boundary < seg + rem[c] - 1e-15 and boundary < fs[_CHECK]:
+        chunks = math.ceil((t - seg) / keyed[_CHUNK, c] - 1e-12) if t > seg else 1
+        boundary = seg + max(chunks, 1) * keyed[_CHUNK, c]
+        if boundary < seg + keyed[_REM, c] - 1e-15 and boundary < fs[_CHECK]:
             fs[_CHECK] = boundary
 
 
-def _dispatch(t, rem, heap, st, fs):
+def _dispatch(t, keyed, ints, fs):
     """Put the best-ranked ready job on an idle link."""
-    if st[0] < 0 and st[1] > 0:
-        k = _pop(heap, st)
-        st[0] = k
+    if ints[_LINK, 0] < 0 and ints[_LINK, 1] > 0:
+        k = _pop(ints)
+        ints[_LINK, 0] = k
         fs[_SEG] = t if t > fs[_LINK_FREE] else fs[_LINK_FREE]
-        fs[_LINK_DONE] = fs[_SEG] + rem[k]
+        fs[_LINK_DONE] = fs[_SEG] + keyed[_REM, k]
 
 
-def _preempt_or_finish(t, n, finished, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count):  # noqa: PLR0913
+def _preempt_or_finish(t, n, finished, keyed, ints, fs, intervals, count):  # noqa: PLR0913
     """The job on the link leaves it at ``t``: finished (its item misses one job less) or pre-empted (back on the
     heap with what remains); its segment's copy and gather shares count as busy. Returns the interval rows."""
-    c = st[0]
+    c = ints[_LINK, 0]
     seg = fs[_SEG]
-    fs[_BUSY] += (t - seg) * cfrac[c]
-    fs[_GBUSY] += (t - seg) * gfrac[c]
+    fs[_BUSY] += (t - seg) * keyed[_COPY, c]
+    fs[_GBUSY] += (t - seg) * keyed[_GATHER, c]
     item = c if c < n else c - n
     count = _record(intervals, count, TRANSFER, item, seg, t, 0 if finished else 1)
     if finished:
-        missing[item] -= 1
+        ints[_MISSING, item] -= 1
         fs[_CHECK] = math.inf
     else:
-        rem[c] -= t - seg
-        _push(heap, st, c)
-    st[0] = -1
+        keyed[_REM, c] -= t - seg
+        _push(ints, c)
+    ints[_LINK, 0] = -1
     fs[_LINK_FREE] = t
     fs[_LINK_DONE] = math.inf
-    _dispatch(t, rem, heap, st, fs)
+    _dispatch(t, keyed, ints, fs)
     return count
 
 
 def interrupt_scratch(n):
-    """The work arrays of :func:`_interruptible` for n items, allocated once per run of steps: missing jobs per item
-    (int64 [n]); per job key (2 n keys) the remaining service, chunk seconds, copy and gather shares (float64) and the
-    heap of released keys (int64); the link state (int64 [2]) and the float state slots (float64 [6])."""
+    """The work arrays of :func:`_interruptible` for n items, allocated once per run of steps: per job key (2 n keys)
+    the remaining service, chunk seconds, copy and gather shares (float64 [4, 2 n], rows ``_REM`` ...); the heap of
+    released keys, missing jobs per item and the link state (int64 [3, max(2 n, 2)], rows ``_HEAP``, ``_MISSING``,
+    ``_LINK``); the float state slots (float64 [6])."""
     keys = 2 * n
-    return (
-        np.zeros(n, dtype=np.int64), np.zeros(keys), np.zeros(keys), np.zeros(keys), np.zeros(keys),
-        np.zeros(keys, dtype=np.int64), np.zeros(2, dtype=np.int64), np.zeros(6),
-    )  # fmt: skip
+    return np.zeros((4, keys)), np.zeros((3, max(keys, 2)), dtype=np.int64), np.zeros(6)
 
 
 def _interruptible(  # noqa: C901, PLR0913
-    t0, compute, prefetch, correction, lookahead, chunk_bytes, link_free_s, stalls, intervals, count, scratch
+    t0, compute, prefetch, correction, lookahead, chunk_bytes, slow, link_free_s, stalls, intervals, count, scratch
 ):
     """One step's interruptible pipeline (module docstring) from ``t0``: float64 [n] compute seconds per item, float64
-    [n, 4] prefetch and correction jobs (bytes, link-held s, copy s, gather s; no job where link-held is 0); fills
-    ``stalls`` [n]; ``scratch``: :func:`interrupt_scratch` of n items (overwritten; a job key's entries are read only
-    after its release sets them). Returns (end of the last compute, stall, link busy, link free, gather busy, interval
-    rows).
+    [n, 4] prefetch and correction jobs (bytes, link-held s, copy s, gather s; no job where link-held is 0), their
+    copies ``slow`` times longer (:func:`_release`); fills ``stalls`` [n]; ``scratch``: :func:`interrupt_scratch` of n
+    items (overwritten; a job key's entries are read only after its release sets them). Returns (end of the last
+    compute, stall, link busy, link free, gather busy, interval rows).
 
     Raises:
         RuntimeError: an item waits for a recall never released (malformed jobs).
     """
     n = compute.shape[0]
-    missing, rem, chunk, cfrac, gfrac, heap, st, fs = scratch
+    keyed, ints, fs = scratch
     for i in range(n):
-        missing[i] = (1 if prefetch[i, 1] > 0.0 else 0) + (1 if correction[i, 1] > 0.0 else 0)
-    st[0] = -1  # [key of the job on the link (-1: none), heap size]
-    st[1] = 0
+        ints[_MISSING, i] = (1 if prefetch[i, 1] > 0.0 else 0) + (1 if correction[i, 1] > 0.0 else 0)
+    ints[_LINK, 0] = -1  # no job on the link, none on the heap
+    ints[_LINK, 1] = 0
     fs[:] = 0.0
     fs[_LINK_FREE] = link_free_s if link_free_s > t0 else t0
     fs[_LINK_DONE] = math.inf
@@ -267,16 +263,16 @@ def _interruptible(  # noqa: C901, PLR0913
     gpu_free = t0
     gpu_item = -1
     for i in range(min(lookahead, n)):
-        _release(prefetch, i, n + i, t0, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
+        _release(prefetch, i, n + i, t0, chunk_bytes, slow, keyed, ints, fs)
     if n:
-        _release(correction, 0, 0, t0, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
-    _dispatch(t0, rem, heap, st, fs)
+        _release(correction, 0, 0, t0, chunk_bytes, slow, keyed, ints, fs)
+    _dispatch(t0, keyed, ints, fs)
     try_start = True  # the GPU may start its next item at t
     t = t0
     while True:
         if try_start:
             try_start = False
-            if gpu_item < 0 and gpu_next < n and missing[gpu_next] == 0:
+            if gpu_item < 0 and gpu_next < n and ints[_MISSING, gpu_next] == 0:
                 i = gpu_next
                 start = t if t > gpu_free else gpu_free
                 stalls[i] = start - gpu_free
@@ -285,8 +281,8 @@ def _interruptible(  # noqa: C901, PLR0913
                 count = _record(intervals, count, COMPUTE, i, start, gpu_end, 0)
                 if i + lookahead < n:
                     j = i + lookahead
-                    _release(prefetch, j, n + j, start, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
-                    _dispatch(start, rem, heap, st, fs)
+                    _release(prefetch, j, n + j, start, chunk_bytes, slow, keyed, ints, fs)
+                    _dispatch(start, keyed, ints, fs)
         if gpu_next >= n:
             break
         t = min(gpu_end, fs[_LINK_DONE], fs[_CHECK])
@@ -298,20 +294,20 @@ def _interruptible(  # noqa: C901, PLR0913
             gpu_item = -1
             gpu_end = math.inf
             if gpu_next < n:
-                _release(correction, gpu_next, gpu_next, t, chunk_bytes, rem, chunk, cfrac, gfrac, heap, st, fs)
-                _dispatch(t, rem, heap, st, fs)
+                _release(correction, gpu_next, gpu_next, t, chunk_bytes, slow, keyed, ints, fs)
+                _dispatch(t, keyed, ints, fs)
             try_start = True
         elif t == fs[_LINK_DONE]:
-            count = _preempt_or_finish(t, n, True, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count)
+            count = _preempt_or_finish(t, n, True, keyed, ints, fs, intervals, count)
             try_start = True
         else:  # a chunk boundary at which a better-ranked job may wait
             fs[_CHECK] = math.inf
-            if st[0] >= 0 and st[1] > 0 and heap[0] < st[0]:
-                count = _preempt_or_finish(t, n, False, rem, cfrac, gfrac, missing, heap, st, fs, intervals, count)
+            if ints[_LINK, 0] >= 0 and ints[_LINK, 1] > 0 and ints[_HEAP, 0] < ints[_LINK, 0]:
+                count = _preempt_or_finish(t, n, False, keyed, ints, fs, intervals, count)
     stall = 0.0
     for i in range(n):  # in item order
         stall += stalls[i]
-    link_free = fs[_LINK_FREE] if st[0] < 0 else fs[_LINK_DONE]
+    link_free = fs[_LINK_FREE] if ints[_LINK, 0] < 0 else fs[_LINK_DONE]
     return gpu_free, stall, fs[_BUSY], link_free, fs[_GBUSY], count
 
 
@@ -344,7 +340,9 @@ def time_steps(  # noqa: PLR0913
     Returns:
         (steps timed j, times float64 [k + 1] of which the first j + 1 are the step boundaries, each step's clock
         advance float64 [k], stall, link busy and gather busy float64 [k], stall per item float64 [k, n], the link
-        queue's end, the D2H queue's end and D2H seconds queued after the j steps, interval rows written).
+        queue's end, the D2H queue's end and D2H seconds queued after the j steps, interval rows written, and those
+        three after each step, float64 [k, 3] (rows past j: scratch), from which the first i < j steps' state is read
+        without timing them again).
     """
     k, n = compute.shape
     times = np.empty(k + 1)
@@ -353,10 +351,9 @@ def time_steps(  # noqa: PLR0913
     busys = np.zeros(k)
     gathers = np.zeros(k)
     item_stalls = np.zeros((k, n))
+    queues = np.empty((k, 3))
     times[0] = now_s
-    items = n if pipeline == 2 else 0  # the interruptible pipeline's work arrays, allocated once for the k steps
-    scratch = interrupt_scratch(items)
-    stretched = (np.empty((items, 4)), np.empty((items, 4)))  # each step's jobs, stretched by the D2H slowdown
+    scratch = interrupt_scratch(n if pipeline == 2 else 0)  # the interruptible pipeline's, allocated once
     now = now_s
     recalled = 0
     done = 0
@@ -373,9 +370,8 @@ def time_steps(  # noqa: PLR0913
             slow = h2d_slowdown(step_free - start, sum(compute[t]), coupling)
             if pipeline == 2:
                 end_s, stall, busy, free, gbusy, count = _interruptible(
-                    start + overhead_s, compute[t], stretch(prefetch[t], slow, stretched[0]),
-                    stretch(correction[t], slow, stretched[1]), lookahead, chunk_bytes, link_free, item_stalls[t],
-                    intervals, count, scratch,
+                    start + overhead_s, compute[t], prefetch[t], correction[t], lookahead, chunk_bytes, slow, link_free,
+                    item_stalls[t], intervals, count, scratch,
                 )  # fmt: skip
             else:
                 end_s, stall, busy, free, gbusy, count = _sequential(
@@ -394,19 +390,25 @@ def time_steps(  # noqa: PLR0913
                 break
         d2h_free, d2h_busy = step_free, step_busy
         step_s[t] = delay
+        queues[t, 0] = link_free
+        queues[t, 1] = d2h_free
+        queues[t, 2] = d2h_busy
         now = start + delay
         times[t + 1] = now
         done = t + 1
         if now > soft_s:  # the step the soft event fell in
             break
-    return done, times, step_s, stalls, busys, gathers, item_stalls, link_free, d2h_free, d2h_busy, count
+    return done, times, step_s, stalls, busys, gathers, item_stalls, link_free, d2h_free, d2h_busy, count, queues
 
 
 KERNEL_FUNCTIONS = (
-    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "stretch", "interrupt_scratch",
+    "host_bound_s", "idle_step_s", "fifo_end_s", "h2d_slowdown", "interrupt_scratch",
     "_record", "_sequential", "_push", "_pop", "_release", "_dispatch", "_preempt_or_finish", "_interruptible",
     "time_steps",
 )  # fmt: skip
+# numba inlines these into their callers' IR (_release, called for every job: a call of its own costs a fifth of
+# the interruptible pipeline's time in reference counts of the arrays it is passed)
+INLINED_FUNCTIONS = ("_release",)
 _compiled: dict = {}
 
 
@@ -424,6 +426,8 @@ def compiled_time_steps():
         namespace = dict(globals())  # the copies' globals: each name resolves to its compiled copy
         for name in KERNEL_FUNCTIONS:
             f = namespace[name]
-            namespace[name] = njit(cache=True)(types.FunctionType(f.__code__, namespace, name, f.__defaults__))
+            inline = "always" if name in INLINED_FUNCTIONS else "never"
+            copy = types.FunctionType(f.__code__, namespace, name, f.__defaults__)
+            namespace[name] = njit(cache=True, inline=inline)(copy)
         _compiled.update(namespace)
     return _compiled["time_steps"]

@@ -112,6 +112,7 @@ class RecallModel:
         self.returning = stats.returning_frac
         self.working_set_steps = stats.working_set_steps
         self.stats = stats
+        self.drift_scale = float(np.sqrt(1.0 - stats.drift_corr**2))  # the drift's innovation scale
         self._budget_miss: np.ndarray | None = None  # _buffer_miss of a request selecting the full budget, per layer
         if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
             self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
@@ -276,7 +277,7 @@ class RecallModel:
             keep, back = self.shared_hit(selected, cache_fragments)  # float [k] each
             keep, back = keep[:, None, None], back[:, None, None]
             q = (1.0 - change) * (1.0 - keep) + change * (1.0 - self.returning * back)
-        if shifting is not None and shifting.any():
+        if shifting is not None and np.count_nonzero(shifting):
             q = np.where(shifting[:, :, None], np.maximum(q, st.burst_change_frac), q)
         q[0][cold] = 1.0
         return q
@@ -287,7 +288,7 @@ class RecallModel:
         """The joins (step 0) and k steps of drift and topic shifts: (log-factor float [k, n, L], shifting bool
         [k, n]); ``state`` (float [n, state_width]) is read only, the state after each step is recorded in ``out``."""
         st, L, n = self.stats, self.num_layers, len(state)
-        joins = bool(cold.any())
+        joins = bool(np.count_nonzero(cold))
         work = state.copy() if joins else state  # read only unless someone joins
         if joins:
             count = self.join_draws(int(cold.sum()))
@@ -303,10 +304,10 @@ class RecallModel:
             out.used += [(draws.burst, n), (geometric, n)]
         else:
             starts = lengths = np.zeros((k, n))
-        scale = float(np.sqrt(1.0 - st.drift_corr**2))
         drift, lefts, shifting = drift_steps(
-            work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, scale, st.burst_prob, burst
-        )
+            work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, self.drift_scale,
+            st.burst_prob, burst,
+        )  # fmt: skip
         out.state = (work[:, :L] if joins else None, drift, lefts)
         log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None]
         log_factor -= 0.5 * st.drift_sigma**2
@@ -320,10 +321,17 @@ class RecallModel:
         out = RecallRun.empty()
         fresh = self._fresh_run(ctx[None, :], cold, as_draws(rng), out)
         out.commit(1, None)
-        return 0 if fresh is None else fresh[0]
+        if fresh is None:
+            return 0
+        misses = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
+        misses[fresh[0][0]] = fresh[1]
+        return misses
 
-    def _fresh_run(self, ctx: np.ndarray, cold: np.ndarray, draws: RecallDraws, out: RecallRun) -> np.ndarray | None:
-        """Fresh-block misses of k steps, int64 [k, n, L], or None where no block is fresh (draws peeked, the stream
+    def _fresh_run(
+        self, ctx: np.ndarray, cold: np.ndarray, draws: RecallDraws, out: RecallRun
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Fresh-block misses of k steps: (the (step, request) cells with a fresh block, bool [k, n]; their misses
+        per layer in the cells' C order, int64 [cells, L]), or None where no block is fresh (draws peeked, the stream
         used recorded in ``out``). Every ``block_size`` tokens a block leaves the window for the host; each layer
         selects it at once with probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never
         recalled before, it misses. ``ctx``: int64 [k, n]; ``cold``: bool [n] (step 0)."""
@@ -338,10 +346,8 @@ class RecallModel:
             return None
         upto = np.cumsum(fresh.sum(axis=1))  # fresh blocks by the end of each step
         stream = draws.binomial(self.heads, frac)
-        misses = np.zeros((*ctx.shape, L), dtype=np.int64)
-        misses[fresh] = stream.peek(total * L).reshape(total, L)
         out.used.append((stream, upto * L))
-        return misses
+        return fresh, stream.peek(total * L).reshape(total, L)
 
     def run(
         self,
@@ -389,21 +395,25 @@ class RecallModel:
         q = self._miss_frac_run(selected, cold, draws, state, cache_fragments, out)
         rounding = draws.rounding.peek(k * n * L).reshape(k, n, L)
         out.used.append((draws.rounding, n * L))
-        cell = (selected * self.heads)[:, :, None]  # fragments each (step, request, layer) selects
-        missing = np.floor(cell * q + rounding).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
+        selected_fragments = selected * self.heads  # int64 [k, n]
+        cell = selected_fragments[:, :, None]  # fragments each (step, request, layer) selects
+        q *= cell  # (q is this run's own array) floor(cell · q + rounding), in place
+        q += rounding
+        missing = np.floor(q, out=q).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
         fresh = self._fresh_run(ctx, cold, draws, out)
         if fresh is not None:
             # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
             # an empty shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls
             # more than it selects.
-            np.minimum(missing + fresh, cell, out=missing)
+            missing[fresh[0]] += fresh[1]
+            np.minimum(missing, cell, out=missing)
         if G == 1:
             frags = missing.sum(axis=1)[:, None, :]
         else:
             frags = np.zeros((k, G, L), dtype=np.int64)
             np.add.at(frags, (np.arange(k)[:, None], gid[None, :]), missing)
         out.fragments, out.nbytes = frags, frags * self.fragment_bytes
-        out.selected_fragments = (selected * self.heads).sum(axis=1) * L
+        out.selected_fragments = selected_fragments.sum(axis=1) * L
         return out
 
     def step(

@@ -59,6 +59,7 @@ class StepsTiming:
     d2h_free_s: float  # the D2H queue's end after the steps
     d2h_busy_s: float  # D2H seconds queued since the replica started, after the steps
     intervals: list[tuple]  # (kind, item, start_s, end_s, preempted) of the steps, when recorded
+    queues_s: np.ndarray  # [k, 3] link_free_s, d2h_free_s and d2h_busy_s after each step
 
 
 class StepDevices:
@@ -145,14 +146,16 @@ class StepDevices:
         d2h_s = d2h.d2h_s(d2h_bytes) if d2h is not None and d2h_bytes > 0 else -1.0
         intervals = np.zeros((5 * compute.size + 1, 5)) if record else NO_INTERVALS
         kernel = compiled_time_steps() if self.fast_kernels else time_steps
-        j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, rows = kernel(
+        j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, rows, queues = kernel(
             float(now_s), compute, np.ascontiguousarray(has_recall, dtype=np.bool_), pipeline, prefetch, correction,
             int(lookahead_items), float(chunk_bytes), link_s, gather_s, float(overhead_s), float(head_s), d2h_s,
             d2h.d2h_coupling if d2h is not None else 0.0, self.link_free_s, self.d2h_free_s, self.d2h_busy_s,
             float(next_event_s), float(stop_recall), intervals, float(host_s), float(soft_s),
         )  # fmt: skip
         kept = [(INTERVAL_KINDS[int(r[0])], int(r[1]), float(r[2]), float(r[3]), bool(r[4])) for r in intervals[:rows]]
-        return StepsTiming(j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, kept)
+        return StepsTiming(
+            j, times, step_s, stall, busy, gather, item_stall, link_free, d2h_free, d2h_busy, kept, queues
+        )  # fmt: skip
 
 
 def run_step(

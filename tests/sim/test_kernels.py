@@ -26,7 +26,6 @@ from sim.config.loader import load_card
 from sim.run import simulate
 from sim.step import pipeline
 from sim.step.cost import StepCost
-from sim.step.pipeline import stretch
 from sim.step.timing import StepDevices, run_step
 from tests.sim.oracles.step_timing import Queues, step_reference
 
@@ -172,13 +171,18 @@ def test_k_steps_stop_before_the_stop_recall_th_recalling_step(kernels):
     assert got.steps == 3  # the third recalling step is the fourth
 
 
-def test_stretch_lengthens_copy_share_of_present_jobs_only():
+def test_release_lengthens_the_copy_share_of_present_jobs_only():
     jobs = np.array([[1e6, 3.0, 2.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    out = stretch(jobs, 1.5, np.empty_like(jobs))
-    # copy 2 s runs 1.5× longer: +1 s on the service and on the copy; the gather share is untouched
-    assert out.tolist() == [[1e6, 4.0, 3.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
-    assert jobs[0, 1] == 3.0  # the input jobs are not modified
-    assert stretch(jobs, 1.0, np.empty_like(jobs)) is jobs
+    p = pipeline
+    for slow, service_s in ((1.5, 4.0), (1.0, 3.0)):
+        keyed, ints, fs = p.interrupt_scratch(2)
+        ints[p._LINK, 0] = -1  # nothing on the link
+        for i in range(2):
+            p._release(jobs, i, i, 0.0, 4e6, slow, keyed, ints, fs)
+        # copy 2 s runs 1.5× longer: +1 s on the service and on the copy; the gather share is untouched
+        assert ints[p._LINK, 1] == 1 and keyed[p._REM, 0] == service_s  # the absent job is not released
+        assert keyed[p._COPY, 0] == (service_s - 1.0) / service_s and keyed[p._GATHER, 0] == 1.0 / service_s
+    assert jobs[0, 1] == 3.0  # the jobs are not modified
 
 
 def test_both_pipelines_at_once_are_refused():
