@@ -31,9 +31,10 @@ from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from sim.config import read_yaml, scenarios_dir
+from sim.config.base import Spec
 from sim.config.files import format_validation_error
 
 SERVING_COLUMNS = [
@@ -51,8 +52,8 @@ class ServingCaseError(ValueError):
     """A bad serving case file or name; the message is one line naming the file (and key)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(Spec):
+    """The scenario schema's base (sim/config/base.py): unknown keys, booleans as numbers and inf/NaN refused."""
 
 
 class Stat(_Strict):
@@ -190,6 +191,8 @@ def case_overrides(case: ServingCase) -> list[str]:
     s, load = case.setup, case.setup.load
     prefill = {"mixed": "colocated"}.get(s.prefill, s.prefill)
     cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
+    longest = s.input_tokens + s.output_tokens  # the context every request fits in (lognormal lengths: twice that)
+    longest = longest * 2 if cv else longest
     out = [
         f"model={s.model}", f"hardware={s.hardware}", f"serving.tp_size={s.tp_size}", f"policies={s.policy}",
         f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={prefill}",
@@ -197,7 +200,7 @@ def case_overrides(case: ServingCase) -> list[str]:
         f"workload.synthetic.num_requests={s.num_requests}", f"workload.synthetic.prompt_tokens_cv={cv!r}",
         f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", f"workload.synthetic.output_tokens_cv={cv!r}",
         f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
-        f"model.max_seq_len={max(s.input_tokens + s.output_tokens, 4096)}", f"engine={engine_card(case.engine)}",
+        f"model.max_seq_len={max(longest, 4096)}", f"engine={engine_card(case.engine)}",
     ]  # fmt: skip
     rate = load.value if load.kind == "rate" else ALL_AT_ONCE_RATE_PER_S
     out.append(f"workload.synthetic.rate_per_s={rate}")
@@ -263,8 +266,11 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
 
     Raises:
         ScenarioError: the setup's overrides are refused by the scenario schema (a bad card name, say).
+        ServingCaseError: the simulated server refused some of the case's requests (longer than ``max_seq_len``,
+            larger than the KV pool): its metrics would silently leave them out.
     """
     from sim.config import load_scenario
+    from sim.metrics.report import rejection_lines
     from sim.run import simulate
 
     measured = {k: getattr(case.measured, k) for k in Measured.model_fields if getattr(case.measured, k) is not None}
@@ -272,6 +278,9 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
         return [_row(case, key, value, math.nan, "not_modelled", case.not_modelled) for key, value in measured.items()]
     scenario = load_scenario("default", [*case_overrides(case), *(overrides or [])])
     result = simulate(scenario).policies[scenario.policies[0]]
+    rejected = rejection_lines(result.requests, scenario.model.max_seq_len, math.nan)
+    if rejected:  # the rebuilt benchmark refused requests its source served: the metrics would leave them out
+        raise ServingCaseError(f"{case.name}: the simulated server refused requests ({'; '.join(rejected)})")
     simulated = simulated_metrics(case, result)
     rows = []
     for key, value in measured.items():

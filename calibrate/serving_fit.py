@@ -36,7 +36,7 @@ FIT_PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "moe_efficiency": (0.1, 1.0, False),  # grouped GEMMs of touched experts
     "prefill_mfu": (0.2, 0.85, False),  # BF16 GEMMs' share of the BF16 tensor peak
     "fp8_mfu": (0.2, 0.85, False),  # FP8 GEMMs' share of the FP8 tensor peak
-    "attn_mfu": (0.2, 0.85, False),  # prefill attention's share of the BF16 tensor peak
+    "attn_mfu": (0.2, 0.85, False),  # attention FLOPs' share of the BF16 tensor peak (prefill, mostly)
     "prefill_act_passes": (0.0, 48.0, False),  # hidden-size activation reads/writes of a prefill token per layer
     "decode_step_overhead_us": (20.0, 20000.0, True),  # scheduler and launches of one decode step
     "decode_request_overhead_us": (0.1, 300.0, True),  # sampling, detokenisation, scheduling of one request

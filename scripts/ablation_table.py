@@ -1,7 +1,8 @@
-"""The ablation ladder on three configurations (issue: scheduler), printed as one table.
+"""The ablation ladder on three configurations, printed as one table (~2-3 minutes on 2 cores).
 
-Runs ``scenarios/ablation.yaml`` for Qwen3-14B on H200, Qwen3-14B on H100 and Qwen3-30B-A3B on H200.
-Takes ~3 minutes on 2 cores. Run: ``python scripts/ablation_table.py [--set key=value ...]``.
+Runs ``scenarios/ablation.yaml`` for Qwen3-14B on H200, Qwen3-14B on H100 and Qwen3-30B-A3B on H200; each row is
+labelled with the model and card that ran (a ``--set model=...`` or ``hardware=...`` applies to all three).
+Run: ``python scripts/ablation_table.py [--set key=value ...]``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def main(extra: list[str]) -> None:
         started = time.perf_counter()
         sc = load_scenario("ablation", [f"model={model}", f"hardware={hardware}", "run.progress=false", *extra])
         s = with_ratios(simulate(sc).summary)
-        table = s[["policy", *COLUMNS]].rename(columns=COLUMNS)
-        table.insert(0, "config", f"{model} / {hardware}")
+        table = s[["policy", *(c for c in COLUMNS if c in s)]].rename(columns=COLUMNS)  # ratios need their policy
+        table.insert(0, "config", f"{sc.model.name} / {sc.hardware.name}")
         frames.append(table)
-        print(f"{model} on {hardware}: {time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
+        took_s = time.perf_counter() - started
+        print(f"{sc.model.name} on {sc.hardware.name}: {took_s:.0f} s wall", file=sys.stderr, flush=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(pd.concat(frames).round(3).to_string(index=False))
 
@@ -49,4 +51,5 @@ if __name__ == "__main__":
     try:
         main(parser.parse_args().set)
     except ScenarioError as exc:
-        sys.exit(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -174,7 +174,8 @@ class HardwareSpec(Spec):
     moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     # Prefill's other kernels (sim/step/compute.py; fitted like the above, docs/sources.md §11): FP8 GEMMs' share of
-    # the FP8 peak and prefill attention's (FlashAttention) share of the BF16 peak (None: prefill_mfu), and the
+    # the FP8 peak and attention's (FlashAttention) share of the BF16 peak (None: prefill_mfu; both also bound decode
+    # GEMMs and attention where those are compute-bound), and the
     # activation passes of a prefill token per layer in the memory-bound kernels between the GEMMs (norms, rotary,
     # activation, residual adds: reads and writes of hidden-size vectors at the HBM roofline; 0: free).
     fp8_mfu: Annotated[float, Field(gt=0, le=1)] | None = None

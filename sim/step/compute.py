@@ -4,9 +4,9 @@ Decode, one layer, batch of B requests attending T tokens in total (sum over the
 
     gemm   = max((W_layer + n_gemm · H) / (BW · η_hbm)
                  + E_touched(B) · (W_expert + H) / (BW · η_hbm · η_moe),
-                 2 · B · P_active_layer / (peak_w · mfu))
+                 2 · B · P_active_layer / (peak_w · mfu_w))
     attn   = max(kv_bytes_per_token_per_layer · (T + B · h_attn) / (BW · η_hbm · η_attn),
-                 4 · num_heads · head_dim · T / (peak_bf16 · mfu))
+                 4 · num_heads · head_dim · T / (peak_bf16 · mfu_attn))
     layer  = gemm + attn + 2 · (all-reduce of B tokens' activations + c_ar)          (tp_size > 1)
 
 ``W_layer`` is the attention and dense-MLP (or router) weight bytes, read by ``n_gemm`` = 4 GEMMs (QKV, O, gate-up,
@@ -18,7 +18,9 @@ kernel of a request with c tokens runs at ``η_attn · c / (c + h_attn)`` of tha
 For MoE, ``E_touched(B) = E · (1 − (1 − k/E)^B)`` distinct experts (uniform routing), each read once, by grouped
 GEMMs at ``moe_efficiency`` η_moe. GEMMs run at the weights' dtype peak times its efficiency (``fp8_tflops`` ×
 ``fp8_mfu`` for FP8 weights on a card that has FP8 tensor cores, else ``bf16_tflops`` × ``prefill_mfu``); attention
-FLOPs at the BF16 peak × ``attn_mfu`` (FlashAttention's own efficiency; unset, either takes ``prefill_mfu``).
+FLOPs at the BF16 peak × ``attn_mfu`` (FlashAttention's own efficiency; unset, either takes ``prefill_mfu``). These
+two, mfu_w and mfu_attn, are also the compute bounds of the decode layer and LM head below (they bind only at
+batches of hundreds).
 Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound); peaks and bandwidth from the
 hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead and c_ar fitted to public serving
 measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
@@ -27,7 +29,7 @@ With H = h_attn = 0 and η_attn = η_moe = 1 this is a plain bandwidth roofline.
 Each decode step adds the serving engine's serial host cost (sim/config/cards.py ``EngineSpec``: ``step_serial_us``,
 else the card's ``decode_step_overhead_us``: scheduler and launches of a CUDA-graph step; timed by
 sim/step/pipeline.py before layer 0) and, after the last layer, the LM head ``max((lm_head_bytes + H) / (BW · η_hbm),
-2·B·V·hidden / (peak_w · mfu))`` plus ``B · request_serial_us`` (else the card's ``decode_request_overhead_us``: each
+2·B·V·hidden / (peak_w · mfu_w))`` plus ``B · request_serial_us`` (else the card's ``decode_request_overhead_us``: each
 request's host work done in series with the GPU). The engine's overlapped host work ``B · request_overlapped_us``
 (:meth:`ComputeModel.overlapped_host_s`: detokenisation and streaming in another process, an overlap scheduler)
 does not add: the step lasts max(serial step, overlapped host work), applied where steps are timed

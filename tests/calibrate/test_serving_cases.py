@@ -66,6 +66,39 @@ def test_a_length_spread_becomes_lognormal_lengths_of_the_same_cv(suite):
     assert scn.workload.synthetic.prompt_tokens_cv == 0 and scn.workload.synthetic.output_tokens_cv == 0
 
 
+def test_a_spread_case_leaves_room_for_its_longest_request(suite):
+    """Lognormal lengths have no upper bound: the rebuilt context must hold every drawn request (a refused request
+    would be left out of the metrics)."""
+    from sim.workload import load_workload
+
+    for case in (c for c in suite if c.setup.length_spread):
+        scn = load_scenario("default", sc.case_overrides(case))
+        table = load_workload(scn)
+        assert int((table["prompt_tokens"] + table["output_tokens"]).max()) < scn.model.max_seq_len, case.name
+
+
+def test_a_case_whose_requests_are_refused_fails_loudly():
+    """Metrics are computed over finished requests, so a rebuild that refuses some would silently drop them."""
+    (case,) = sc.load_suite(["vllmbench_h200_llama31_8b_fp8_vllm082_1000_2000"])
+    setup = case.setup.model_copy(update={"num_requests": 4, "overrides": ["model.max_seq_len=2500"]})
+    short = case.model_copy(update={"setup": setup})
+    with pytest.raises(sc.ServingCaseError, match="refused requests .*longer than max_seq_len 2500"):
+        sc.run_serving_case(short)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"), [("num_requests", True, "boolean true"), ("length_spread", float("nan"), "finite number")]
+)
+def test_a_case_file_refuses_booleans_and_nan_as_numbers(tmp_path, key, value, says):
+    data = __import__("yaml").safe_load((sc.serving_cases_dir() / f"{sc.serving_case_names()[0]}.yaml").read_text())
+    data["setup"][key] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(__import__("yaml").safe_dump(data))
+    with pytest.raises(sc.ServingCaseError, match=says) as err:
+        sc.load_serving_case(path)
+    assert str(path) in str(err.value) and key in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_case_file_without_metrics_is_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     text = (sc.serving_cases_dir() / f"{sc.serving_case_names()[0]}.yaml").read_text()
