@@ -37,8 +37,7 @@ def fitted_names(scenario: Scenario) -> tuple[str, ...]:
 
 
 def _card_value(scenario: Scenario, name: str) -> float:
-    value = getattr(scenario.hardware, name)
-    return scenario.hardware.prefill_mfu if value is None else value  # an unset fp8_mfu is prefill_mfu
+    return scenario.hardware.fp8_gemm_mfu if name == "fp8_mfu" else getattr(scenario.hardware, name)
 
 
 @dataclass

@@ -216,6 +216,16 @@ class HardwareSpec(Spec):
         return self
 
     @property
+    def fp8_gemm_mfu(self) -> float:
+        """FP8 GEMMs' share of the FP8 peak: ``fp8_mfu``, unset ``prefill_mfu``."""
+        return self.prefill_mfu if self.fp8_mfu is None else self.fp8_mfu
+
+    @property
+    def attention_mfu(self) -> float:
+        """Attention FLOPs' share of the BF16 peak: ``attn_mfu``, unset ``prefill_mfu``."""
+        return self.prefill_mfu if self.attn_mfu is None else self.attn_mfu
+
+    @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * GIB)
 

@@ -104,9 +104,9 @@ class ComputeModel:
         self.attn_half_tokens = hw.attn_half_tokens
         self.expert_bandwidth_bps = self.bandwidth_bps * hw.moe_efficiency
         fp8 = model.dtype == "fp8" and hw.fp8_tflops is not None
-        gemm_mfu = (hw.fp8_mfu or hw.prefill_mfu) if fp8 else hw.prefill_mfu
+        gemm_mfu = hw.fp8_gemm_mfu if fp8 else hw.prefill_mfu
         self.flops_per_s = (hw.fp8_tflops if fp8 else hw.bf16_tflops) * 1e12 * gemm_mfu  # GEMMs
-        self.attn_flops_per_s = hw.bf16_tflops * 1e12 * (hw.attn_mfu or hw.prefill_mfu)
+        self.attn_flops_per_s = hw.bf16_tflops * 1e12 * hw.attention_mfu
         self.prefill_token_layer_s = hw.prefill_act_passes * self.activation_bytes_per_token / self.bandwidth_bps
         self.kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer
         self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
@@ -209,8 +209,8 @@ class ComputeModel:
         return time_s
 
     def prefill_extra_s(self, chunks: list[tuple[int, int]], num_completing: int) -> float:
-        """What a prefill chunk adds to a decode step it rides in (``serving.mixed_prefill``): its FLOPs and, with
-        tp_size > 1, its tokens' share of the all-reduces; the weights are read by the step anyway.
+        """What a prefill chunk adds to a decode step it rides in (``serving.mixed_prefill``): its FLOPs, its activation
+        passes and, with tp_size > 1, its tokens' share of the all-reduces; the weights are read by the step anyway.
 
         Args and returns: as :meth:`prefill_s`.
         """
