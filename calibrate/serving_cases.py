@@ -278,7 +278,7 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
         return [_row(case, key, value, math.nan, "not_modelled", case.not_modelled) for key, value in measured.items()]
     scenario = load_scenario("default", [*case_overrides(case), *(overrides or [])])
     result = simulate(scenario).policies[scenario.policies[0]]
-    rejected = rejection_lines(result.requests, scenario.model.max_seq_len, math.nan)
+    rejected = rejection_lines(result.requests, scenario.model.max_seq_len, result.kv_pool_gib)
     if rejected:  # the rebuilt benchmark refused requests its source served: the metrics would leave them out
         raise ServingCaseError(f"{case.name}: the simulated server refused requests ({'; '.join(rejected)})")
     simulated = simulated_metrics(case, result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -278,3 +279,20 @@ def test_physics_violation_is_one_bug_report_line_exit_1_not_a_result(tmp_path, 
     for needle in ("peak_hbm_gib <= hardware.hbm_gib", "(measured ", "bound 1)", "scenario 'default'", "report"):
         assert needle in lines[0], (needle, lines[0])
     assert "decode tok/s" not in captured.out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["calibrate"], ["calibrate", "selection"], ["calibrate", "serving"], ["validate"],
+                                  ["accuracy"], ["engine-bench"], ["plot"]])  # fmt: skip
+def test_help_states_each_default_once(argv, capsys):
+    """A help text that already says its default gets no second ``(default: ...)``; ``None``/``False`` defaults
+    (flags, defaults the text explains) are not printed; a default of 0 is."""
+    from pulseinfer.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrap argparse's line breaks
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+    for help_text in re.findall(r"\(default[^)]*\)(?:(?! --)[^(])*\(default", text):
+        pytest.fail(f"{' '.join(argv)}: a default stated twice: {help_text!r}")
+    if argv == ["calibrate"]:
+        assert "seed of weights, KV and block choice (default: 0)" in text

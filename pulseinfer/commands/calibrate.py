@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
@@ -26,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "metadata.yaml, and fit them into OUT/profile.yaml, which scenarios use with `profile: OUT` and "
         "`pulseinfer validate --profile OUT` checks. `pulseinfer calibrate selection` instead measures a real "
         "model's selection statistics (needs the [model] extra). Needs torch (pip install -e '.[engine]').",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--out", type=Path, default=Path("results/calibration"), help="folder for the CSVs and profile.yaml")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
@@ -51,12 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "OUT/profile.yaml for `--set profile=OUT/profile.yaml` (no torch)",
     )
     add_overrides(p, "serving.prefill=colocated")
-    p.add_argument("--trials", dest="fit_trials", type=int, default=60, help="--from-measured: Optuna trials (60)")
-    p.add_argument("--policy", default="sglang", help="--from-measured: the policy the server ran (default sglang)")
+    p.add_argument("--trials", dest="fit_trials", type=int, default=60, help="--from-measured: Optuna trials")
+    p.add_argument("--policy", default="sglang", help="--from-measured: the policy the server ran")
     p.add_argument("--force", action="store_true", help="--from-measured: write the profile even if held-out > 20 %%")
     what = p.add_subparsers(dest="what", metavar="[selection|serving]")
     sel = what.add_parser(
         "selection",
+        formatter_class=DefaultsHelpFormatter,
         help="selection statistics of a real model (SmolLM2-135M) into the profile's recall_stats",
         description="Run SmolLM2-135M over a shipped real text at --context tokens, decode with SoloHead "
         "selection and record per layer and step the selected and changed blocks, recall-buffer misses and "
@@ -68,12 +70,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--out", dest="selection_out", type=Path, default=None, help="folder (default: calibrate's --out folder)"
     )
     sel.add_argument("--budgets", default="256,512,1024", help="budget tokens to measure, comma-separated")
-    sel.add_argument("--context", type=int, default=2048, help="context tokens of real text before decoding (2048)")
+    sel.add_argument("--context", type=int, default=2048, help="context tokens of real text before decoding")
     sel.add_argument("--steps", type=int, default=None, help="teacher-forced decode steps recorded (default 128)")
     sel.add_argument("--buffer-blocks", type=int, default=None, help="LRU recall buffer per layer (default: 2x budget)")
-    sel.add_argument("--threads", dest="selection_threads", type=int, default=None, help="torch CPU threads (1)")
+    sel.add_argument(
+        "--threads", dest="selection_threads", type=int, default=None, help="torch CPU threads (default 1)"
+    )
     srv = what.add_parser(
         "serving",
+        formatter_class=DefaultsHelpFormatter,
         help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
         description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
         "prefill_mfu, fp8_mfu, attn_mfu, prefill_act_passes, decode_step_overhead_us, decode_request_overhead_us, "
@@ -87,8 +92,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 3 s per trial on 2 cores.",
     )
     srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
-    srv.add_argument("--trials", type=int, default=200, help="Optuna trials (default 200)")
-    srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases (default 2)")
+    srv.add_argument("--trials", type=int, default=200, help="Optuna trials")
+    srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases")
     return p
 
 

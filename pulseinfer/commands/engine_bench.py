@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder, check_seed, import_torch, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
 
 
@@ -18,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Recall the same selected KV blocks with per_fragment (one copy each) and gather_scatter "
         "(gather, one copy, scatter) for fragment sizes 4-64 KiB, interleaved, next to a plain large copy; "
         "print GB/s and ratios and write engine_bench.csv. Needs torch (pip install -e '.[engine]').",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--out", type=Path, default=Path("results/engine_bench"), help="folder for engine_bench.csv")
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller pools (seconds on a CPU)")

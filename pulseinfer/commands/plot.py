@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.helpfmt import DefaultsHelpFormatter
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -14,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="draw the figures for a results folder",
         description="Draw every figure the results folder (written by `pulseinfer simulate --out`) has data "
         "for; a figure whose table is missing is skipped with a note.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="folder with summary/requests/steps.csv")
     p.add_argument("--out", type=Path, default=None, help="figure folder (default: RESULTS_DIR/plots)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
 from pulseinfer.errors import UsageError, usage_errors
+from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "recorded rate or concurrency), simulate it on SCENARIO's model, card, TP and serving mode with --set "
         "overrides, and write validation.csv (metric, measured, simulated, error_pct: mean/p50/p99 TTFT, TPOT, ITL, "
         "E2E, throughput), requests.csv and CDF overlays of TTFT and TPOT.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "scenario", nargs="?", default=None, help="with --measured: scenario name or YAML (default: default)"

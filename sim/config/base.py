@@ -36,8 +36,35 @@ class Spec(BaseModel):
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
                 if field is not None and isinstance(value, bool) and not _accepts_bool(field.annotation):
                     got = str(value).lower()
-                    raise ValueError(f"{name}: expected a number or a name, got the boolean {got} ({BOOL_WORDS})")
+                    expected = _expected(field.annotation)
+                    raise ValueError(f"{name}: expected {expected}, got the boolean {got} ({BOOL_WORDS})")
         return data
+
+
+def _kinds(annotation: object) -> set[str]:
+    """What a field's type admits, in words: ``number``, ``name`` (a string or a string choice), ``value``."""
+    if annotation is type(None):
+        return set()
+    if annotation in (int, float):
+        return {"number"}
+    if annotation is str:
+        return {"name"}
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return {"name" if isinstance(a, str) else "number" for a in typing.get_args(annotation)}
+    if origin is Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin is not None and origin not in (list, dict, tuple):  # a union
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
+    return {"value"}
+
+
+def _expected(annotation: object) -> str:
+    """``a number``, ``a name``, ``a number or a name`` or ``a value``: what a field refusing a boolean wants."""
+    kinds = _kinds(annotation)
+    if kinds in ({"number"}, {"name"}):
+        return f"a {kinds.pop()}"
+    return "a number or a name" if kinds == {"number", "name"} else "a value"
 
 
 def _accepts_bool(annotation: object) -> bool:

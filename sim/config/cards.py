@@ -262,15 +262,21 @@ class EngineSpec(Spec):
     request_serial_us: Annotated[float, Field(ge=0, le=1e4)] | None = None
     request_overlapped_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
 
+    def step_serial_us_on(self, hardware: HardwareSpec) -> float:
+        """Serial host µs of one decode step: this engine's, else the card's ``decode_step_overhead_us``."""
+        return self.step_serial_us if self.step_serial_us is not None else hardware.decode_step_overhead_us
+
+    def request_serial_us_on(self, hardware: HardwareSpec) -> float:
+        """Serial host µs per request per decode step: this engine's, else the card's ``decode_request_overhead_us``."""
+        return self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
+
     def step_serial_s(self, hardware: HardwareSpec) -> float:
-        """Serial host seconds of one decode step (this engine's, else the card's)."""
-        us = self.step_serial_us if self.step_serial_us is not None else hardware.decode_step_overhead_us
-        return us * 1e-6
+        """Serial host seconds of one decode step (:meth:`step_serial_us_on`)."""
+        return self.step_serial_us_on(hardware) * 1e-6
 
     def request_serial_s(self, hardware: HardwareSpec) -> float:
-        """Serial host seconds per request per decode step (this engine's, else the card's)."""
-        us = self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
-        return us * 1e-6
+        """Serial host seconds per request per decode step (:meth:`request_serial_us_on`)."""
+        return self.request_serial_us_on(hardware) * 1e-6
 
 
 DEFAULT_ENGINE = EngineSpec()  # scenarios/engines/sglang.yaml: what the SGLang baseline and PulseInfer represent

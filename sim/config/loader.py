@@ -42,11 +42,18 @@ def card_names(kind: str) -> list[str]:
 
 
 def load_card(kind: str, name: str) -> dict[str, Any]:
-    """Read a shipped card as a plain dict.
+    """Read a card as a plain dict: a shipped card's name (``h200``), or the path of a card file of your own
+    (``--set hardware=my-gpu.yaml``, ``--set engine=fit/engine-vllm-0.8.yaml``: a name ending in ``.yaml`` or
+    ``.yml``, relative to the working folder).
 
     Raises:
-        ScenarioError: if no card of that kind has that name (the message lists the shipped ones).
+        ScenarioError: if no card of that kind has that name (the message lists the shipped ones), or no such file.
     """
+    if name.lower().endswith((".yaml", ".yml")):
+        own = Path(name).expanduser()
+        if not _is_file(own):
+            raise ScenarioError(f"{kind}: no such card file {short_repr(name)}")
+        return read_yaml(own)
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
     if not _is_file(path):
         raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(card_names(kind))})")

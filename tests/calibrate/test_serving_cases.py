@@ -86,6 +86,15 @@ def test_a_case_whose_requests_are_refused_fails_loudly():
         sc.run_serving_case(short)
 
 
+def test_a_case_refused_for_its_kv_pool_names_the_pool_size():
+    """The refusal names the simulated GPU's KV pool (2.52 GiB: 22.5 GiB of HBM less weights and reserve)."""
+    (case,) = sc.load_suite(["vllmbench_h200_llama31_8b_fp8_vllm082_32000_100"])
+    setup = case.setup.model_copy(update={"num_requests": 2, "overrides": ["hardware.hbm_gib=22.5"]})
+    small = case.model_copy(update={"setup": setup})
+    with pytest.raises(sc.ServingCaseError, match=r"refused requests .*KV pool of 2\.52 GiB"):
+        sc.run_serving_case(small)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "says"), [("num_requests", True, "boolean true"), ("length_spread", float("nan"), "finite number")]
 )

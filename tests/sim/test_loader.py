@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from sim.config import HardwareSpec
 from sim.config.loader import ScenarioError, _parse_override, load_card, load_scenario
@@ -86,3 +87,22 @@ def test_written_ablation_scenario_loads_back(tmp_path):
     scn = load_scenario("ablation")
     dump_scenario(scn, tmp_path / "scenario.yaml")
     assert load_scenario(tmp_path / "scenario.yaml") == scn
+
+
+def test_a_card_file_of_your_own_is_read_by_its_path(tmp_path):
+    """``--set hardware=PATH.yaml`` / ``engine=PATH.yaml``: the user's card file, not a shipped name; a dotted
+    override on top of it still applies."""
+    card = load_card("hardware", "h100-sxm")
+    own = tmp_path / "my-gpu.yaml"
+    own.write_text(yaml.safe_dump({**card, "name": "my-gpu", "hbm_gib": 141.0}))
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(yaml.safe_dump({"name": "my-engine", "source": "a test", "step_serial_us": 123.0}))
+    scn = load_scenario("default", [f"hardware={own}", f"engine={engine}", "hardware.hbm_bandwidth_gbps=4000"])
+    assert (scn.hardware.name, scn.hardware.hbm_gib, scn.hardware.hbm_bandwidth_gbps) == ("my-gpu", 141.0, 4000)
+    assert scn.hardware.bf16_tflops == card["bf16_tflops"]
+    assert (scn.engine.name, scn.engine.step_serial_us) == ("my-engine", 123.0)
+
+
+def test_a_missing_card_file_is_named():
+    with pytest.raises(ScenarioError, match="hardware: no such card file 'nope/my-gpu.yaml'"):
+        load_scenario("default", ["hardware=nope/my-gpu.yaml"])

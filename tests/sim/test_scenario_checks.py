@@ -115,3 +115,19 @@ def test_an_empty_scenario_file_says_it_is_empty(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ScenarioError, match="the file is empty"):
         load_scenario(str(path))
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("hardware.hbm_gib=yes", "hbm_gib: expected a number, got the boolean true"),
+        ("serving.tp_size=off", "tp_size: expected a number, got the boolean false"),
+        ("model.dtype=on", "dtype: expected a name, got the boolean true"),
+        ("policy.pulseinfer.selection=no", "selection: expected a name, got the boolean false"),
+    ],
+)
+def test_a_boolean_where_a_number_or_a_name_belongs_says_which(override, expected):
+    """YAML reads yes/no/on/off as booleans; the message names what the field wants (a number for a numeric
+    field, a name for a choice), not both."""
+    with pytest.raises(ScenarioError, match=expected):
+        load_scenario("default", [override])
