@@ -10,7 +10,10 @@
 SIGINT, SIGTERM and SIGHUP that arrive while the workers stop are delivered once they have stopped (a second
 Ctrl-C cannot cut the stop short). Workers ignore SIGINT and SIGHUP: the terminal's Ctrl-C and hangup reach the
 whole process group, and the parent alone decides what stops. Workers are spawned (no fork: they start clean, as on
-another machine).
+another machine). Two start-up windows are closed: a signal to this process while ``submit`` spawns a worker is held
+until the worker has its start-up data (else the half-started worker dies printing ``EOFError`` from
+``multiprocessing/spawn.py``), and a new worker blocks SIGINT and SIGHUP as its first act, before it imports the
+simulator, so a Ctrl-C at start-up does not print its ``KeyboardInterrupt`` from every worker.
 
 Used by the studies (sim/study/executors.py: sweeps, plans, searches), the serving-suite fit
 (calibrate/serving_fit.py) and a round-robin fleet's replicas (sim/serving/fleet_pool.py).
@@ -43,7 +46,9 @@ class WorkerPool:
     """
 
     def __init__(self, jobs: int) -> None:
-        self._pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker)
+        self._pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=get_context("spawn"), initializer=_START[0], initargs=_START[1]
+        )
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -55,8 +60,10 @@ class WorkerPool:
             self.stop()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """``fn(*args)`` in a worker (module-level ``fn``, picklable arguments)."""
-        return self._pool.submit(_run_in_worker, fn, args)
+        """``fn(*args)`` in a worker (module-level ``fn``, picklable arguments). ``submit`` may spawn a worker: a
+        signal arriving meanwhile is delivered once the worker has what it needs to start."""
+        with signals_held():
+            return self._pool.submit(_run_in_worker, fn, args)
 
     def wait(
         self,
@@ -118,6 +125,7 @@ def signals_held() -> Iterator[None]:
 
 
 _in_task = False  # worker processes: whether a task is running (SIGTERM then unwinds it before exiting)
+_started = False  # worker processes: whether _init_worker has run
 
 
 def _init_worker() -> None:
@@ -129,6 +137,16 @@ def _init_worker() -> None:
             signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_stop)
     sys.unraisablehook = _quiet_stop
+
+
+# A new worker's first act (its initializer): block SIGINT and SIGHUP. ``signal.pthread_sigmask`` is a builtin, so
+# unpickling it imports nothing; ``_init_worker`` (which imports the simulator with this module) then runs before the
+# first task. Without pthread_sigmask (not POSIX): ``_init_worker`` as the initializer.
+_START: tuple[Callable[..., Any], tuple] = (
+    (signal.pthread_sigmask, (signal.SIG_BLOCK, [s for s in HELD_SIGNALS if s != signal.SIGTERM]))
+    if hasattr(signal, "pthread_sigmask")
+    else (_init_worker, ())
+)
 
 
 def _quiet_stop(unraisable: object) -> None:
@@ -145,7 +163,10 @@ def _on_stop(signum: int, frame: object) -> None:
 
 def _run_in_worker(fn: Callable[..., Any], args: tuple) -> Any:
     """``fn(*args)`` in a worker; a stop (SIGTERM) during it ends the process once the task has unwound."""
-    global _in_task
+    global _in_task, _started
+    if not _started:
+        _init_worker()
+        _started = True
     _in_task = True
     try:
         return fn(*args)
