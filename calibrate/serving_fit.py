@@ -51,6 +51,12 @@ ENGINE_FIT_PARAMETERS: dict[str, dict[str, tuple[float, float, bool]]] = {
         "request_serial_us": (0.1, 300.0, True),  # per request in the engine core's loop
         "request_overlapped_us": (0.1, 1000.0, True),  # detokenising and streaming in the API server
     },
+    # TensorRT-LLM: a C++ runtime (v0.x) or, from v1.0, the PyTorch backend with its overlap scheduler (the host
+    # prepares step n + 1 while the GPU runs step n) and CUDA graphs: its host path is its own, not a Python server's.
+    "trtllm": {
+        "step_serial_us": (20.0, 20000.0, True),  # what the overlap leaves of scheduling and launches per step
+        "request_serial_us": (0.1, 300.0, True),  # per request per step, serial
+    },
 }
 ENGINE_PREFIX = "engine."  # a fitted engine value's name: engine.<card>.<field>
 PARAMETERS: dict[str, tuple[float, float, bool]] = {
@@ -133,22 +139,23 @@ def evaluate(
 
 def shipped_start(card: str = "h200") -> dict[str, float]:
     """The shipped values of :data:`PARAMETERS` (the ``card``'s — every shipped card carries the same fitted values
-    — and each fitted engine card's, an unset serial cost taking the card's value), clipped to the bounds: the
-    search's first trial, so a fit with more parameters starts where the last one ended."""
+    — and each fitted engine card's), as the simulator reads them (an unset efficiency or serial cost takes the
+    value the compute model falls back to), clipped to the bounds: the search's first trial, so a fit with more
+    parameters starts where the last one ended."""
+    from sim.config.cards import EngineSpec, HardwareSpec
     from sim.config.loader import load_card
 
-    hw = load_card("hardware", card)
-    card_field = {"step_serial_us": "decode_step_overhead_us", "request_serial_us": "decode_request_overhead_us"}
-    start = {name: float(hw[name]) for name in FIT_PARAMETERS if hw.get(name) is not None}
-    for name in ("fp8_mfu", "attn_mfu"):  # unset: the card's prefill_mfu (sim/step/compute.py)
-        start.setdefault(name, float(hw["prefill_mfu"]))
-    start.setdefault("prefill_act_passes", 0.0)
+    hw = HardwareSpec.model_validate(load_card("hardware", card))
+    resolved = {"fp8_mfu": hw.fp8_gemm_mfu, "attn_mfu": hw.attention_mfu}  # the compute model's fallbacks
+    start = {name: float(resolved.get(name, getattr(hw, name))) for name in FIT_PARAMETERS}
     for engine, fields in ENGINE_FIT_PARAMETERS.items():
-        spec = load_card("engine", engine)
+        spec = EngineSpec.model_validate(load_card("engine", engine))
+        resolved = {
+            "step_serial_us": spec.step_serial_us_on(hw),
+            "request_serial_us": spec.request_serial_us_on(hw),
+        }
         for name in fields:
-            value = spec.get(name)
-            value = hw.get(card_field.get(name, ""), 0.0) if value is None else value
-            start[f"{ENGINE_PREFIX}{engine}.{name}"] = float(value)
+            start[f"{ENGINE_PREFIX}{engine}.{name}"] = float(resolved.get(name, getattr(spec, name)))
     return {k: min(max(v, PARAMETERS[k][0]), PARAMETERS[k][1]) for k, v in start.items()}
 
 

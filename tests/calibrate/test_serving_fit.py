@@ -54,3 +54,19 @@ def test_fitted_engines_have_fit_cases_and_the_start_is_within_bounds():
     for name, value in start.items():
         lo, hi, _ = sf.PARAMETERS[name]
         assert lo <= value <= hi, name
+
+
+def test_the_first_trial_reads_a_card_as_the_simulator_does(tmp_path):
+    """A card without fp8_mfu / attn_mfu starts the fit at the efficiency the compute model falls back to
+    (prefill_mfu)."""
+    import yaml
+
+    from sim.config.loader import load_card
+
+    card = {k: v for k, v in load_card("hardware", "h200").items() if k not in ("fp8_mfu", "attn_mfu")}
+    card["prefill_mfu"], card["decode_step_overhead_us"] = 0.61, 777.0
+    path = tmp_path / "card.yaml"
+    path.write_text(yaml.safe_dump(card))
+    start = sf.shipped_start(str(path))
+    assert start["fp8_mfu"] == start["attn_mfu"] == 0.61
+    assert start["decode_step_overhead_us"] == 777.0
