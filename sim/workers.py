@@ -115,13 +115,13 @@ def signals_held() -> Iterator[None]:
     previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in HELD_SIGNALS}
     try:
         yield
-    finally:
+    finally:  # also when the block raised: the signal's exception then replaces that one (Ctrl-C wins)
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-    for signum in caught:  # the first one not ignored (SIGHUP under nohup) is acted on by the handler restored above
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.raise_signal(signum)  # KeyboardInterrupt, the CLI's Terminated or HungUp
-            break
+        for signum in caught:  # the first one not ignored (SIGHUP under nohup) is acted on by the handler restored
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.raise_signal(signum)  # KeyboardInterrupt, the CLI's Terminated or HungUp
+                break
 
 
 _in_task = False  # worker processes: whether a task is running (SIGTERM then unwinds it before exiting)

@@ -94,6 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
     srv.add_argument("--trials", type=int, default=200, help="Optuna trials")
     srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases")
+    srv.add_argument(
+        "--seed", type=int, default=argparse.SUPPRESS, help="the search's seed (default: calibrate's --seed, 0)"
+    )
     return p
 
 

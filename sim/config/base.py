@@ -30,19 +30,60 @@ class Spec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_bool_as_number(cls, data: object) -> object:
-        """A YAML ``true``/``false`` (``--set key=yes``) is not a number (pydantic's lax mode reads it as 1 or 0)."""
+        """A YAML ``true``/``false`` (``--set key=yes``) is not a number (pydantic's lax mode reads it as 1 or 0), at
+        the top of a field or inside a list or mapping of scalars (``cost.gpu_hour_usd.h200=yes``, a size table's
+        row, ``policies=sglang,yes``)."""
         if isinstance(data, dict):
             for name, value in data.items():
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
-                if field is not None and isinstance(value, bool) and not _accepts_bool(field.annotation):
-                    got = str(value).lower()
+                if field is None or _accepts_bool(field.annotation):
+                    continue
+                where = _boolean_in(value, name) if _scalars_only(field.annotation) else None
+                if isinstance(value, bool):
+                    where = name
+                if where is not None:
+                    got = str(_first_bool(value)).lower()
                     expected = _expected(field.annotation)
-                    raise ValueError(f"{name}: expected {expected}, got the boolean {got} ({BOOL_WORDS})")
+                    raise ValueError(f"{where}: expected {expected}, got the boolean {got} ({BOOL_WORDS})")
         return data
 
 
+def _boolean_in(value: object, where: str) -> str | None:
+    """The dotted place of the first boolean in a list/tuple/mapping ``value`` (``where`` if it is one), or None."""
+    if isinstance(value, bool):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _boolean_in(item, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _first_bool(value: object) -> bool:
+    """The first boolean :func:`_boolean_in` finds in ``value``."""
+    if isinstance(value, bool):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next(_first_bool(item) for item in items if _boolean_in(item, "") is not None)
+
+
+def _scalars_only(annotation: object) -> bool:
+    """Whether a type holds scalars only (numbers, strings, choices, None, and lists, tuples and mappings of them):
+    a boolean anywhere in its value is a mistake. Sections (pydantic models) check their own fields."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Literal, None) or not args:
+        return True
+    if typing.get_origin(annotation) is Annotated:
+        return _scalars_only(args[0])
+    return all(_scalars_only(a) for a in args if a is not Ellipsis)
+
+
 def _kinds(annotation: object) -> set[str]:
-    """What a field's type admits, in words: ``number``, ``name`` (a string or a string choice), ``value``."""
+    """What a field's type admits, in words: ``number``, ``name`` (a string or a string choice), ``value``; a list's
+    or tuple's items and a mapping's values for a container."""
     if annotation is type(None):
         return set()
     if annotation in (int, float):
@@ -54,7 +95,11 @@ def _kinds(annotation: object) -> set[str]:
         return {"name" if isinstance(a, str) else "number" for a in typing.get_args(annotation)}
     if origin is Annotated:
         return _kinds(typing.get_args(annotation)[0])
-    if origin is not None and origin not in (list, dict, tuple):  # a union
+    if origin in (list, tuple):  # what its items admit
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation) if a is not Ellipsis))
+    if origin is dict:  # what its values admit
+        return _kinds(typing.get_args(annotation)[1])
+    if origin is not None:  # a union
         return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
     return {"value"}
 

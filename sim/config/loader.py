@@ -44,20 +44,43 @@ def card_names(kind: str) -> list[str]:
 def load_card(kind: str, name: str) -> dict[str, Any]:
     """Read a card as a plain dict: a shipped card's name (``h200``), or the path of a card file of your own
     (``--set hardware=my-gpu.yaml``, ``--set engine=fit/engine-vllm-0.8.yaml``: a name ending in ``.yaml`` or
-    ``.yml``, relative to the working folder).
+    ``.yml``, relative to the working folder; in a scenario file, to the scenario's folder).
 
     Raises:
         ScenarioError: if no card of that kind has that name (the message lists the shipped ones), or no such file.
     """
-    if name.lower().endswith((".yaml", ".yml")):
+    if is_card_file(name):
         own = Path(name).expanduser()
         if not _is_file(own):
-            raise ScenarioError(f"{kind}: no such card file {short_repr(name)}")
-        return read_yaml(own)
+            stem = own.name.rsplit(".", 1)[0].lower()
+            hint = f" (the shipped card is named {stem}, without .yaml)" if stem in card_names(kind) else ""
+            raise ScenarioError(f"{kind}: no such card file {short_repr(name)}{hint}")
+        data = read_yaml(own, f"{kind}: ")
+        if isinstance(data.get(kind), dict):  # a profile (calibrate writes them beside its engine cards)
+            raise ScenarioError(
+                f"{kind}: {short_repr(name)} is a profile (it has a {kind} section), not a {kind} card: "
+                f"use --set profile={name}"
+            )
+        return data
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
     if not _is_file(path):
         raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(card_names(kind))})")
     return read_yaml(path)
+
+
+def is_card_file(name: str) -> bool:
+    """Whether a card value names a file of your own (it ends in ``.yaml`` or ``.yml``) rather than a shipped card."""
+    return name.lower().endswith((".yaml", ".yml"))
+
+
+def _cards_beside(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A scenario file's own card files (``hardware: my-gpu.yaml``) are read from the scenario's folder, as its
+    profile is; ``--set hardware=PATH`` is relative to the working folder."""
+    for kind in CARD_KINDS:
+        value = raw.get(kind)
+        if isinstance(value, str) and is_card_file(value) and not Path(value).expanduser().is_absolute():
+            raw[kind] = str(base_dir / value)
+    return raw
 
 
 def resolve_scenario_path(scenario: str | Path | None) -> Path:
@@ -86,7 +109,7 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
         ScenarioError: one line naming the key, the value and what was expected.
     """
     path = resolve_scenario_path(scenario)
-    raw = apply_profile(read_yaml(path), path.parent)
+    raw = apply_profile(_cards_beside(read_yaml(path), path.parent), path.parent)
     parsed = [_parse_override(item) for item in overrides or []]
     for key, value in parsed:
         _set_dotted(raw, key, value)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sim.config import HardwareSpec
-from sim.config.loader import ScenarioError, _parse_override, load_card, load_scenario
+from sim.config.loader import ScenarioError, _parse_override, load_card, load_scenario, resolve_scenario_path
 
 
 @pytest.mark.parametrize(
@@ -106,3 +106,29 @@ def test_a_card_file_of_your_own_is_read_by_its_path(tmp_path):
 def test_a_missing_card_file_is_named():
     with pytest.raises(ScenarioError, match="hardware: no such card file 'nope/my-gpu.yaml'"):
         load_scenario("default", ["hardware=nope/my-gpu.yaml"])
+
+
+def test_a_scenario_files_own_card_is_read_beside_it(tmp_path, monkeypatch):
+    """``hardware: my-gpu.yaml`` in a scenario file is the file next to the scenario (as its profile is), whatever
+    the working folder."""
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "my-gpu.yaml").write_text(yaml.safe_dump({**load_card("hardware", "h200"), "name": "beside"}))
+    shipped = yaml.safe_load(resolve_scenario_path("default").read_text())
+    (folder / "mine.yaml").write_text(yaml.safe_dump({**shipped, "hardware": "my-gpu.yaml"}))
+    monkeypatch.chdir(tmp_path)  # not the scenario's folder
+    assert load_scenario(str(folder / "mine.yaml")).hardware.name == "beside"
+
+
+def test_a_card_file_that_is_not_a_card_says_what_it_is(tmp_path):
+    """A profile passed as a card points to ``--set profile=``; a shipped name with ``.yaml`` to the name; an empty
+    file names the field that named it."""
+    profile = tmp_path / "h200.yaml"
+    profile.write_text(yaml.safe_dump({"name": "fit", "hardware": load_card("hardware", "h200")}))
+    with pytest.raises(ScenarioError, match=r"hardware: '.*h200.yaml' is a profile .* use --set profile="):
+        load_scenario("default", [f"hardware={profile}"])
+    with pytest.raises(ScenarioError, match="the shipped card is named h100-sxm, without .yaml"):
+        load_scenario("default", ["hardware=h100-sxm.yaml"])
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ScenarioError, match=r"^hardware: .*empty.yaml: the file is empty"):
+        load_scenario("default", [f"hardware={tmp_path / 'empty.yaml'}"])

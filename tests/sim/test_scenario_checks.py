@@ -124,6 +124,10 @@ def test_an_empty_scenario_file_says_it_is_empty(tmp_path, text):
         ("serving.tp_size=off", "tp_size: expected a number, got the boolean false"),
         ("model.dtype=on", "dtype: expected a name, got the boolean true"),
         ("policy.pulseinfer.selection=no", "selection: expected a name, got the boolean false"),
+        # inside a mapping or list of scalars (pydantic's lax mode would read 1.0 there)
+        ("cost.gpu_hour_usd.h200=yes", "gpu_hour_usd.h200: expected a number, got the boolean true"),
+        ("hardware.h2d_size_table=[[4096, yes], [1048576, 50]]", "h2d_size_table.0.1: expected a number"),
+        ("policies=sglang,yes", "policies.1: expected a name, got the boolean true"),
     ],
 )
 def test_a_boolean_where_a_number_or_a_name_belongs_says_which(override, expected):

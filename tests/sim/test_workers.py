@@ -27,6 +27,7 @@ def test_a_worker_holds_off_the_terminal_signals():
         assert pool.submit(_worker_signals).result(timeout=120) == (True, True, True)
 
 
+@POSIX
 def test_a_signal_during_submit_arrives_after_the_spawn(monkeypatch):
     """``submit`` can spawn a worker; a signal in the middle would leave it half-started (it dies with an EOFError
     traceback). The signal is delivered once the submit is done."""
@@ -43,5 +44,24 @@ def test_a_signal_during_submit_arrives_after_the_spawn(monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             pool.submit(print)
         assert done == ["spawned"]
+    finally:
+        pool._pool.shutdown()
+
+
+@POSIX
+def test_a_signal_held_while_submit_fails_is_still_delivered(monkeypatch):
+    """A Ctrl-C held during a submit that raises is not lost: it is delivered, and wins (exit 130, not a
+    traceback)."""
+    pool = WorkerPool(1)
+
+    def submit(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    monkeypatch.setattr(pool._pool, "submit", submit)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            pool.submit(print)
+        assert isinstance(caught.value.__context__, RuntimeError)
     finally:
         pool._pool.shutdown()
