@@ -13,6 +13,17 @@ from sim.workers import WorkerPool
 POSIX = pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_not_ignored():
+    """A shell starts a background job with SIGINT ignored, and a process that ignores it keeps ignoring a held one
+    (by design, as under ``nohup``): give these tests Python's own Ctrl-C handler, as a terminal would."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _worker_signals() -> tuple[bool, bool, bool]:
     """In a worker: (SIGINT blocked, SIGHUP blocked, SIGINT ignored)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
