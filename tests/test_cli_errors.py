@@ -296,3 +296,19 @@ def test_help_states_each_default_once(argv, capsys):
         pytest.fail(f"{' '.join(argv)}: a default stated twice: {help_text!r}")
     if argv == ["calibrate"]:
         assert "seed of weights, KV and block choice (default: 0)" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "seed"),
+    [
+        (["calibrate", "serving", "--seed", "3"], 3),
+        (["calibrate", "--seed", "5", "serving"], 5),
+        (["calibrate", "serving"], 0),
+    ],
+)
+def test_calibrate_serving_takes_its_seed_before_or_after_the_word_serving(argv, seed):
+    """``--seed`` after ``serving`` sets the search's seed; before it, calibrate's; neither: 0 (the subcommand's own
+    flag must not reset a seed given before it)."""
+    from pulseinfer.cli import build_parser
+
+    assert build_parser().parse_args(argv).seed == seed
