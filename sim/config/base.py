@@ -38,47 +38,26 @@ class Spec(BaseModel):
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
                 if field is None or _accepts_bool(field.annotation):
                     continue
-                where = _boolean_in(value, name) if _scalars_only(field.annotation) else None
-                if isinstance(value, bool):
-                    where = name
-                if where is not None:
-                    got = str(_first_bool(value)).lower()
+                walk = isinstance(value, bool) or "value" not in _kinds(field.annotation)  # scalars, or containers
+                found = _boolean_in(value, name) if walk else None  # of them (sections check their own fields)
+                if found is not None:
+                    where, got = found
                     expected = _expected(field.annotation)
-                    raise ValueError(f"{where}: expected {expected}, got the boolean {got} ({BOOL_WORDS})")
+                    raise ValueError(f"{where}: expected {expected}, got the boolean {str(got).lower()} ({BOOL_WORDS})")
         return data
 
 
-def _boolean_in(value: object, where: str) -> str | None:
-    """The dotted place of the first boolean in a list/tuple/mapping ``value`` (``where`` if it is one), or None."""
+def _boolean_in(value: object, where: str) -> tuple[str, bool] | None:
+    """The dotted place and value of the first boolean in ``value`` (itself, or inside its lists, tuples and
+    mappings), or None."""
     if isinstance(value, bool):
-        return where
+        return where, value
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for key, item in items:
         found = _boolean_in(item, f"{where}.{key}")
         if found is not None:
             return found
     return None
-
-
-def _first_bool(value: object) -> bool:
-    """The first boolean :func:`_boolean_in` finds in ``value``."""
-    if isinstance(value, bool):
-        return value
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return next(_first_bool(item) for item in items if _boolean_in(item, "") is not None)
-
-
-def _scalars_only(annotation: object) -> bool:
-    """Whether a type holds scalars only (numbers, strings, choices, None, and lists, tuples and mappings of them):
-    a boolean anywhere in its value is a mistake. Sections (pydantic models) check their own fields."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return False
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (Literal, None) or not args:
-        return True
-    if typing.get_origin(annotation) is Annotated:
-        return _scalars_only(args[0])
-    return all(_scalars_only(a) for a in args if a is not Ellipsis)
 
 
 def _kinds(annotation: object) -> set[str]:
