@@ -220,7 +220,7 @@ def _route(
         req.done = env.event()
         req.done.callbacks.append(lambda _ev, i=i, tokens=tokens: picker.release(i, tokens))
         if own is None:
-            replicas[i].cut_run()
+            replicas[i].cut_run(req)
         replicas[i].submit(req)
     schedule.next_index = len(reqs)
     for replica in replicas:

@@ -15,6 +15,7 @@ from sim.serving.request import DecodeBatch, Request
 PHI_MIN, PHI_MAX = 0.25, 3.0
 PHI_DECREASE, PHI_INCREASE = 0.8, 0.05
 LINK_IDLE_BUSY_FRAC = 0.8
+AIMD_LOOP_STEPS = 16  # runs of fewer steps update φ step by step in Python (:func:`_aimd_run` pays off above)
 
 
 class RecallBudget:
@@ -57,10 +58,13 @@ class RecallBudget:
             if self.phi == PHI_MAX and self.stall_target > 0:  # steps of positive length that neither stall nor
                 return  # use the link only raise φ, which is at its cap already (the usual dense run)
             stalls_s = link_busy_s = [0.0] * len(steps_s)
-        phi, target = self.phi, self.stall_target
-        for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
-            phi = _aimd(phi, target, step_s, stall_s, busy_s)
-        self.phi = phi
+        if len(steps_s) < AIMD_LOOP_STEPS:
+            phi, target = self.phi, self.stall_target
+            for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
+                phi = _aimd(phi, target, step_s, stall_s, busy_s)
+            self.phi = phi
+        else:
+            self.phi = _aimd_run(self.phi, self.stall_target, steps_s, stalls_s, link_busy_s)
 
 
 def _aimd(phi: float, stall_target: float, step_s: float, stall_s: float, link_busy_s: float) -> float:
@@ -72,6 +76,39 @@ def _aimd(phi: float, stall_target: float, step_s: float, stall_s: float, link_b
         return max(PHI_MIN, phi * PHI_DECREASE)
     if stall_s < 0.5 * stall_target * step_s and link_busy_s < LINK_IDLE_BUSY_FRAC * step_s:
         return min(PHI_MAX, phi + PHI_INCREASE)
+    return phi
+
+
+def _aimd_run(
+    phi: float, stall_target: float, steps_s: list[float], stalls_s: list[float], link_busy_s: list[float]
+) -> float:
+    """φ after k decode steps in order: :func:`_aimd` applied step by step, its tests evaluated for all k steps at
+    once (the same floating-point comparisons) and the steps that leave φ as it is skipped: those that neither shrink
+    nor grow it, and the growing ones while φ is at its cap (``min(PHI_MAX, PHI_MAX + x)`` is ``PHI_MAX``)."""
+    step = np.asarray(steps_s, dtype=np.float64)
+    stall = np.asarray(stalls_s, dtype=np.float64)
+    if len(stall) != len(step) or len(link_busy_s) != len(step):
+        raise ValueError(f"AIMD: {len(step)} steps, {len(stall)} stalls, {len(link_busy_s)} link busy times")
+    positive = step > 0
+    shrink = positive & (stall > stall_target * step)
+    grow = positive & ~shrink & (stall < 0.5 * stall_target * step)
+    grow &= np.asarray(link_busy_s, dtype=np.float64) < LINK_IDLE_BUSY_FRAC * step
+    moves = np.flatnonzero(shrink | grow)
+    shrinks = shrink[moves].tolist()  # per step that moves φ: True shrinks it, False grows it
+    shrink_at = np.flatnonzero(shrink[moves]).tolist()  # positions in ``moves`` of the shrinking steps
+    pos, end, next_shrink = 0, len(shrinks), 0
+    while pos < end:
+        if shrinks[pos]:
+            phi = max(PHI_MIN, phi * PHI_DECREASE)
+            pos += 1
+            next_shrink += 1
+        elif phi == PHI_MAX:  # growing steps leave φ at its cap until the next shrinking one
+            if next_shrink == len(shrink_at):
+                break
+            pos = shrink_at[next_shrink]
+        else:
+            phi = min(PHI_MAX, phi + PHI_INCREASE)
+            pos += 1
     return phi
 
 

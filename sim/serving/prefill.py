@@ -39,16 +39,29 @@ class Prefill:
 
     def _remote_prefill(self, req: Request) -> Generator[simpy.Event, object, None]:
         """Prefill on a remote GPU (FIFO pool), then queue for the decode GPU."""
-        target = req.prompt_tokens + req.generated
         with self.prefill_gpus.request() as gpu:
             yield gpu
             self.prefills_queued -= 1
-            duration_s = self.policy.compute.prefill_s([(target, 0)], 1)
+            duration_s = self._remote_prefill_s(req)
             end_s = self.env.now + duration_s  # where SimPy schedules the timeout
             self.prefill_ends_s.append(end_s)
             yield self.env.timeout(duration_s)
             self.prefill_ends_s.remove(end_s)
         self._prefilled(req)
+
+    def _remote_prefill_s(self, req: Request) -> float:
+        """Seconds a remote GPU takes to prefill ``req`` (its prompt and the tokens it generated before a
+        preemption)."""
+        return self.policy.compute.prefill_s([(req.prompt_tokens + req.generated, 0)], 1)
+
+    def remote_prefill_end_s(self, req: Request) -> float | None:
+        """When a remote prefill of ``req`` submitted now ends, if it starts now: a prefill GPU is free and no
+        earlier prefill waits for one (``_remote_prefill`` adds the same seconds to the same clock); None when it
+        may have to wait (a prefill sent at this instant has not taken its GPU yet, or every GPU is taken)."""
+        gpus = self.prefill_gpus
+        if self.prefills_queued or gpus.count >= gpus.capacity:
+            return None
+        return self.env.now + self._remote_prefill_s(req)
 
     def next_prefill_event_s(self) -> float:
         """The next time a remote prefill of this replica can feed its queue (skip-ahead behind a router): now while

@@ -42,7 +42,7 @@ import numpy as np
 import simpy
 
 from sim.config import Scenario
-from sim.metrics.recorder import Recorder
+from sim.metrics.recorder import Recorder, add_in_order
 from sim.serving import decode_run
 from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
@@ -275,9 +275,8 @@ class Replica(Prefill, SkipAhead):
         else:
             busy = recall["link_busy_s"]
             self.admission.on_decode_run(steps_s, attended, recall["stall_s"], busy)
-            for link_s, gather_s in zip(busy, recall["gather_busy_s"], strict=True):  # the totals add step by step
-                rec.link_busy_s += link_s
-                rec.gather_busy_s += gather_s
+            rec.link_busy_s = add_in_order(rec.link_busy_s, busy)  # the totals add step by step
+            rec.gather_busy_s = add_in_order(rec.gather_busy_s, recall["gather_busy_s"])
         if run.recalled is not None:
             rec.recall_steps += len(run.recalled)
             if rec.keep_steps:  # (per-layer records are kept with the step rows)

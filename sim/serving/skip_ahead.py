@@ -12,11 +12,18 @@ choice at an arrival reads each replica's outstanding tokens (and prefix cache),
 finishes, and no request finishes inside a run (a run ends at the first finish), so a replica's run need not end at
 arrivals routed elsewhere. It is computed up to its own events (its remote prefills, the horizon) and waited for as
 usual; an arrival routed here while it is in progress (:meth:`SkipAhead.cut_run`) cuts it at the first of its step
-boundaries after the arrival — where stepping first decides with the arrival seen — and the replica applies that
-prefix of the run (``cut_run``, ``OffloadedRun.cut``). No step of such a run ends exactly at an arrival of the fleet
-(the ``ties`` of ``next_decode_run``), so the cut never has to order two events of one instant. With colocated
-prefill and requests queued at its start a run is not cut: an arrival joins behind the held-back head, as with the
-arrivals' soft bound (sim/serving/decode_run.py).
+boundaries after the first instant the arrival can reach the scheduler — where stepping first decides with it seen
+— and the replica applies that prefix of the run (``cut_run``, ``OffloadedRun.cut``). Colocated (or with free
+prefill) that instant is the arrival: the request queues here. With remote prefill the arrival only sends the
+request to the prefill pool, and nothing this replica's steps read changes until its prefill ends: if a prefill GPU
+is free the prefill ends at a time known now (the seconds ``_remote_prefill`` adds), and the run is cut at the first
+boundary after that (a later arrival with a shorter prefill may cut it again, shorter); if every GPU is taken, the
+prefill starts when one of them ends, an event the run already ends by (a soft bound at its start, or a cut), so
+nothing is cut. Where a boundary equals the prefill's end, or a prefill sent at this instant has not taken its GPU
+yet, the cut falls at the first boundary after the arrival, as colocated. No step of such a run ends exactly at an
+arrival of the fleet (the ``ties`` of ``next_decode_run``), so a cut never has to order two events of one instant.
+With colocated prefill and requests queued at its start a run is not cut: an arrival joins behind the held-back
+head, as with the arrivals' soft bound (sim/serving/decode_run.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import simpy
 from sim.serving.arrivals import timeout_at
 from sim.serving.decode_run import DecodeRun, cut_run, next_decode_run
 from sim.serving.offload_run import next_offloaded_run
+from sim.serving.request import Request
 
 
 class SkipAhead:
@@ -39,33 +47,49 @@ class SkipAhead:
     cut_runs = False  # an arrival routed here cuts the run in progress (module docstring)
     ties = None  # ArrivalSchedule | None: arrivals no step of a run may end exactly at (runs that may be cut)
     _run_times_s: list[float] | None = None  # the step boundaries of the run in progress that an arrival may cut
+    _run_end = 0  # the boundary of ``_run_times_s`` the run in progress ends at (an arrival may move it earlier)
     _run_process: simpy.Process | None = None
 
-    def cut_run(self) -> None:
-        """An arrival is routed here now: cut the run in progress (when it may be cut) at its first step boundary
-        after now; the replica resumes there (:meth:`_wait_run`). Call before :meth:`Replica.submit`."""
+    def cut_run(self, req: Request) -> None:
+        """``req`` is routed here now: cut the run in progress (when it may be cut) at the first of its step
+        boundaries after the first instant the arrival can reach the scheduler; the replica resumes there
+        (:meth:`_wait_run`). Call before :meth:`Replica.submit`. With remote prefill that instant is the end of the
+        request's prefill when it starts now (an arrival only queues for a prefill GPU; ties and prefills that may
+        wait for a GPU cut at the first boundary after now); colocated or with free prefill, it is now."""
         times = self._run_times_s
-        if times is None or bisect_right(times, self.env.now) >= len(times) - 1:
-            return  # no run, or it ends at the first boundary after now anyway
-        self._run_times_s = None  # cut once
+        if times is None:
+            return
+        at_s = self.env.now
+        if self.disaggregated and not self.prefill_free:
+            gpus = self.prefill_gpus
+            if gpus.count >= gpus.capacity:  # it starts when a prefill ends: an event the run already ends by
+                return
+            end_s = self.remote_prefill_end_s(req)
+            if end_s is not None and end_s not in times:
+                at_s = end_s
+        end = bisect_right(times, at_s)  # times[end]: the first boundary after at_s
+        if end >= self._run_end:
+            return  # the run ends there or before anyway
+        self._run_end = end
         self._run_process.interrupt()
 
     def _wait_run(self, times_s: list[float]) -> Generator[simpy.Event, object, int]:
         """Wait until a run with step boundaries ``times_s`` ends; returns the steps taken, fewer when an arrival
-        cut it (:meth:`cut_run`: then the replica resumes at the first boundary after the arrival)."""
+        cut it (:meth:`cut_run`, which may cut it again, shorter)."""
         env = self.env
         if not (self.cut_runs and (self.disaggregated or not self.waiting)):
             yield env.timeout(times_s[-1] - env.now)
             return len(times_s) - 1
-        self._run_times_s, self._run_process = times_s, env.active_process
-        try:
-            yield env.timeout(times_s[-1] - env.now)
-        except simpy.Interrupt:  # (the run's own timeout stays queued and fires later with nobody waiting on it)
-            steps = bisect_right(times_s, env.now)
-            yield timeout_at(env, times_s[steps])
-            return steps
+        self._run_times_s, self._run_process, self._run_end = times_s, env.active_process, len(times_s) - 1
+        wait = env.timeout(times_s[-1] - env.now)
+        while True:
+            try:
+                yield wait
+                break
+            except simpy.Interrupt:  # (the timeout waited for stays queued and fires later with nobody waiting on it)
+                wait = timeout_at(env, times_s[self._run_end])
         self._run_times_s = None
-        return len(times_s) - 1
+        return self._run_end
 
     def _decode_run(self) -> Generator[simpy.Event, object, bool]:
         """Skip-ahead: run the next decode steps at once while nothing but the step index changes

@@ -15,7 +15,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving import admission as admission_module
 from sim.serving.admission import memory_waits
-from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget
+from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget, _aimd, _aimd_run
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 from tests.sim.oracles import admission as oracle
@@ -43,6 +43,24 @@ def test_stall_shrinks_and_idle_link_grows_the_slack():
     assert adm.phi == PHI_MIN
     adm.observe([0.02] * 200)  # no stall, the link idle
     assert adm.phi == PHI_MAX
+
+
+_seconds = st.sampled_from([0.0, -1.0, 1e-4, 0.01, 0.015, 0.02]) | st.floats(0, 0.05)
+
+
+@given(
+    phi=st.sampled_from([PHI_MIN, 1.0, 2.4, 2.98, PHI_MAX]) | st.floats(PHI_MIN, PHI_MAX),
+    target=st.sampled_from([0.0, 0.05, 0.3]),
+    steps=st.lists(st.tuples(_seconds, _seconds, _seconds), max_size=120),
+)
+def test_aimd_of_a_run_equals_the_steps_one_by_one(phi, target, steps):
+    """``_aimd_run`` (the tests of k steps at once, the steps that leave φ as it is skipped) equals ``_aimd`` step by
+    step: shrinking, growing, at the cap and at the floor, steps of length 0 or less."""
+    one = phi
+    for step_s, stall_s, busy_s in steps:
+        one = _aimd(one, target, step_s, stall_s, busy_s)
+    step_s, stalls_s, busy_s = ([x[i] for x in steps] for i in range(3))
+    assert _aimd_run(phi, target, step_s, stalls_s, busy_s) == one
 
 
 @pytest.mark.parametrize("policy", ["sglang", "headwise", "pulseinfer"])

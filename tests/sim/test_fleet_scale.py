@@ -1,11 +1,12 @@
 """Fleet scale (issue 34): behind a load-aware router an arrival cuts only the run of the replica it is routed to
-(sim/serving/skip_ahead.py ``cut_run``), and a round-robin fleet's replicas run in worker processes
-(sim/serving/fleet_pool.py, ``run.workers``); both give the tables of stepping one decode step at a time in one
-environment, bit for bit."""
+(sim/serving/skip_ahead.py ``cut_run``; with remote prefill at the end of its prefill), and a round-robin fleet's
+replicas run in worker processes (sim/serving/fleet_pool.py, ``run.workers``); both give the tables of stepping one
+decode step at a time in one environment, bit for bit."""
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 import numpy as np
 import pandas as pd
@@ -26,14 +27,20 @@ PD = ["serving.prefill=disaggregated"]
 
 @pytest.fixture
 def cuts(monkeypatch):
-    """Counts runs an arrival cut (``cuts["runs"]``) and offloaded runs cut short (``cuts["offloaded"]``)."""
-    counts = {"runs": 0, "offloaded": 0}
+    """Counts runs an arrival cut (``cuts["runs"]``), cuts at a remote prefill's end rather than at the first boundary
+    after the arrival (``cuts["at_prefill_end"]``), cuts of a run already cut (``cuts["again"]``) and offloaded runs
+    cut short (``cuts["offloaded"]``)."""
+    counts = {"runs": 0, "at_prefill_end": 0, "again": 0, "offloaded": 0}
     real_cut, real_offloaded = skip_ahead.SkipAhead.cut_run, OffloadedRun.cut
 
-    def cut_run(self):
-        armed = self._run_times_s is not None
-        real_cut(self)
-        counts["runs"] += armed and self._run_times_s is None
+    def cut_run(self, req):
+        times = self._run_times_s
+        end = self._run_end if times is not None else 0
+        real_cut(self, req)
+        if times is not None and self._run_end < end:
+            counts["runs"] += 1
+            counts["again"] += end < len(times) - 1
+            counts["at_prefill_end"] += self._run_end > bisect_right(times, self.env.now)
 
     def cut(self, steps, *args):
         counts["offloaded"] += steps < self.run.steps
@@ -61,6 +68,7 @@ def _equal(a, b) -> None:
         pytest.param("sglang", 3, "least_tokens", [*PD, "serving.num_prefill_gpus=1"], id="least-tokens-pd"),
         pytest.param("sglang", 3, "least_tokens", ["serving.prefill=none"], id="prefill-none"),
         pytest.param("sglang", 3, "least_tokens", [*PD, "run.horizon_s=20"], id="pd-horizon"),
+        pytest.param("sglang", 1, "least_tokens", [*PD, "serving.num_prefill_gpus=2"], id="pd-two-prefill-gpus"),
         pytest.param(
             "pulseinfer", 3, "least_tokens", ["policy.pulseinfer.offload_threshold_tokens=16"], id="offloaded"
         ),
@@ -82,6 +90,10 @@ def test_load_aware_fleet_cuts_runs_and_equals_stepping(cuts, policy, replicas, 
     assert cuts["runs"] > 5, cuts  # arrivals did cut runs in progress (else the comparison proves little)
     if policy == "pulseinfer" and "serving.prefill=disaggregated" not in extra:
         assert cuts["offloaded"] > 5, cuts
+    if "serving.prefill=disaggregated" in extra:  # a remote prefill's end, not the arrival, cut runs
+        assert cuts["at_prefill_end"] > 5, cuts
+    if "serving.num_prefill_gpus=2" in extra:  # a shorter prefill started later cut a run cut already
+        assert cuts["again"] > 0, cuts
     _equal(ref, fast)
 
 
