@@ -188,7 +188,7 @@ def simulate_cluster(
     static = isinstance(picker, RoundRobinRouter)
     own = [schedule.subset(np.arange(i, len(reqs), num_replicas)) for i in range(num_replicas)] if static else None
     for i, replica in enumerate(fleet.replicas):
-        replica.follow(own[i] if static else None, horizon_s)
+        replica.follow(own[i] if static else None, horizon_s, reqs[i::num_replicas] if static else None)
         if not static:
             replica.cut_runs, replica.ties = True, schedule
     fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule, own))

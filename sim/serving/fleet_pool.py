@@ -145,8 +145,9 @@ def simulate_replica(
     replica, recorder = fleet.replicas[0], fleet.recorders[0]
     fleet.preload_kernels(rows["prompt_tokens"].to_numpy())
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf
-    replica.follow(own, horizon_s)
-    fleet.run(feed(fleet.env, replica, request_objects(rows), own, before_s, last_s))
+    reqs = request_objects(rows)
+    replica.follow(own, horizon_s, reqs)
+    fleet.run(feed(fleet.env, replica, reqs, own, before_s, last_s))
     return outcome_of(replica, recorder, fleet.env.now)
 
 

@@ -54,14 +54,15 @@ class Prefill:
         preemption)."""
         return self.policy.compute.prefill_s([(req.prompt_tokens + req.generated, 0)], 1)
 
-    def remote_prefill_end_s(self, req: Request) -> float | None:
-        """When a remote prefill of ``req`` submitted now ends, if it starts now: a prefill GPU is free and no
-        earlier prefill waits for one (``_remote_prefill`` adds the same seconds to the same clock); None when it
-        may have to wait (a prefill sent at this instant has not taken its GPU yet, or every GPU is taken)."""
+    def remote_prefill_end_s(self, req: Request, at_s: float) -> float | None:
+        """When a remote prefill of ``req`` sent at ``at_s`` (now, or the time of this replica's next arrival) ends,
+        if it starts then: a prefill GPU is free now and no prefill waits for one, and only this replica's
+        arrivals take its GPUs (``_remote_prefill`` adds the same seconds to the same clock); None when it may have
+        to wait (a prefill sent but not computing yet, or every GPU taken)."""
         gpus = self.prefill_gpus
         if self.prefills_queued or gpus.count >= gpus.capacity:
             return None
-        return self.env.now + self._remote_prefill_s(req)
+        return at_s + self._remote_prefill_s(req)
 
     def next_prefill_event_s(self) -> float:
         """The next time a remote prefill of this replica can feed its queue (skip-ahead behind a router): now while

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -142,7 +142,7 @@ class Replica(Prefill, SkipAhead):
         arrivals (and remote prefills) are soft ones (:meth:`follow`)."""
         schedule = ArrivalSchedule((r.arrival_s for r in requests), self.env.now)
         horizon_s = self.scenario.run.horizon_s
-        self.follow(schedule, math.inf if horizon_s is None else float(horizon_s))
+        self.follow(schedule, math.inf if horizon_s is None else float(horizon_s), requests)
         for i, req in enumerate(requests):
             schedule.next_index = i
             if req.arrival_s > self.env.now:
@@ -151,18 +151,21 @@ class Replica(Prefill, SkipAhead):
         schedule.next_index = len(requests)
         self.close()
 
-    def follow(self, schedule: ArrivalSchedule | None, horizon_s: float) -> None:
-        """Skip-ahead's bounds when this replica's arrivals are fixed in advance (``schedule``: its own; None: behind a
-        load-aware router, whose arrivals cut its runs instead, sim/serving/skip_ahead.py) and the only other events
-        in the environment are the driver's, the horizon and its own remote prefills. The horizon is a hard bound (a
-        run ends before the step it falls in: the simulation stops there). The others reach the scheduler only at
-        its next decision (an arrival queues for prefill, a prefill queues its request; no step in flight reads what
-        they change), so they are soft bounds: with remote prefill, its remote prefills and arrivals
-        (:attr:`soft_event_s`); colocated, its arrivals (:attr:`arrivals_ahead`, which a run passes while requests
-        are queued, sim/serving/decode_run.py)."""
+    def follow(
+        self, schedule: ArrivalSchedule | None, horizon_s: float, requests: Sequence[Request] | None = None
+    ) -> None:
+        """Skip-ahead's bounds when this replica's arrivals are fixed in advance (``schedule``: its own, ``requests``
+        its requests in the same order; None: behind a load-aware router, whose arrivals cut its runs instead,
+        sim/serving/skip_ahead.py) and the only other events in the environment are the driver's, the horizon and
+        its own remote prefills. The horizon is a hard bound (a run ends before the step it falls in: the simulation
+        stops there). The others reach the scheduler only at its next decision (an arrival queues for prefill, a
+        prefill queues its request; no step in flight reads what they change), so they are soft bounds: with remote
+        prefill, its remote prefills and the first instant its next arrival can reach the scheduler
+        (:attr:`soft_event_s`, :func:`_next_feed_s`); colocated, its arrivals (:attr:`arrivals_ahead`, which a run
+        passes while requests are queued, sim/serving/decode_run.py)."""
         self.next_event_s = lambda: horizon_s
         if self.disaggregated:
-            self.soft_event_s = functools.partial(_next_feed_s, self, schedule)
+            self.soft_event_s = functools.partial(_next_feed_s, self, schedule, requests)
         else:
             self.arrivals_ahead = schedule
 
@@ -380,8 +383,25 @@ def _never() -> float:
     return math.inf
 
 
-def _next_feed_s(replica: Replica, schedule: ArrivalSchedule | None) -> float:
+def _next_feed_s(
+    replica: Replica, schedule: ArrivalSchedule | None, requests: Sequence[Request] | None = None
+) -> float:
     """The next event that feeds ``replica``'s queue with remote prefill: one of its remote prefills
-    (``Prefill.next_prefill_event_s``) or its next arrival in ``schedule`` (None: not known in advance)."""
+    (``Prefill.next_prefill_event_s``) or its next arrival in ``schedule`` (None: not known in advance). An arrival
+    only sends its request to the prefill pool: when a prefill GPU is free now and will take it at once
+    (``Prefill.remote_prefill_end_s``; ``requests``: the schedule's requests), the arrival feeds the queue at the
+    end of its prefill, or at the arrival after it, whichever is first; else (or with ``prefill: none``, where the
+    arrival queues its request at once) at its arrival."""
     next_s = replica.next_prefill_event_s()
-    return next_s if schedule is None else min(schedule.next_s(), next_s)
+    if schedule is None:
+        return next_s
+    i, times = schedule.next_index, schedule.times_s
+    if i >= len(times):
+        return next_s
+    arrival_s = float(times[i])
+    end_s = None
+    if requests is not None and not replica.prefill_free:
+        end_s = replica.remote_prefill_end_s(requests[i], arrival_s)
+    if end_s is None:
+        return min(next_s, arrival_s)
+    return min(next_s, end_s, float(times[i + 1]) if i + 1 < len(times) else math.inf)

@@ -64,7 +64,7 @@ class SkipAhead:
             gpus = self.prefill_gpus
             if gpus.count >= gpus.capacity:  # it starts when a prefill ends: an event the run already ends by
                 return
-            end_s = self.remote_prefill_end_s(req)
+            end_s = self.remote_prefill_end_s(req, at_s)
             if end_s is not None and end_s not in times:
                 at_s = end_s
         end = bisect_right(times, at_s)  # times[end]: the first boundary after at_s

@@ -9,6 +9,7 @@ import pytest
 
 from sim.config import load_scenario
 from sim.run import simulate
+from sim.serving import replica as replica_module
 from sim.serving.cluster import simulate_cluster
 from sim.serving.replica import Replica
 from sim.workload import load_workload
@@ -69,3 +70,41 @@ def test_fleet_with_remote_prefill_folds_soft_events(alone, router):
     assert stepped > 10 * requests
     # 0.34 (round robin) and 0.30 (least tokens) a request; 1.65 and 0.83 when runs ended before soft events
     assert alone["steps"] - stepped < 0.5 * requests, (alone["steps"] - stepped, requests)
+
+
+@pytest.fixture
+def passed(monkeypatch):
+    """Counts the soft bounds ``_next_feed_s`` put past the replica's next arrival (its prefill starts at once)."""
+    counts = {"passed": 0, "calls": 0}
+    real = replica_module._next_feed_s
+
+    def feed(replica, schedule, requests=None):
+        value = real(replica, schedule, requests)
+        counts["calls"] += 1
+        if schedule is not None and schedule.next_index < len(schedule.times_s):
+            counts["passed"] += value > schedule.times_s[schedule.next_index]
+        return value
+
+    monkeypatch.setattr(replica_module, "_next_feed_s", feed)
+    return counts
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_an_arrival_whose_prefill_starts_at_once_bounds_runs_at_its_prefill_end(passed, replicas):
+    """With a prefill GPU free, an arrival only starts a remote prefill whose end is known: runs pass the arrival and
+    end with the step that prefill's end falls in (``_next_feed_s``); the tables equal stepping."""
+    sets = [*SHORT, *PD_OFFLOADED, "serving.num_prefill_gpus=2", "run.workers=1"]
+
+    def run(skip: str):
+        scenario = load_scenario("default", [*sets, f"run.skip_ahead={skip}"])
+        if replicas == 1:
+            return simulate(scenario)
+        return simulate_cluster(scenario, load_workload(scenario), "pulseinfer", replicas, "round_robin")
+
+    ref = run("false")
+    fast = run("true")
+    if replicas == 1:
+        _assert_equal(ref, fast)
+    else:
+        _equal(ref, fast)
+    assert passed["passed"] > 10, passed
