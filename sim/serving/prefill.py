@@ -56,9 +56,11 @@ class Prefill:
 
     def remote_prefill_end_s(self, req: Request, at_s: float) -> float | None:
         """When a remote prefill of ``req`` sent at ``at_s`` (now, or the time of this replica's next arrival) ends,
-        if it starts then: a prefill GPU is free now and no prefill waits for one, and only this replica's
-        arrivals take its GPUs (``_remote_prefill`` adds the same seconds to the same clock); None when it may have
-        to wait (a prefill sent but not computing yet, or every GPU taken)."""
+        if it starts then: a prefill GPU is free now and no prefill waits for one (``_remote_prefill`` adds the same
+        seconds to the same clock); None when it may have to wait (a prefill sent but not computing yet, or every GPU
+        taken). Until ``at_s`` only this replica's arrivals and its preempted requests take its prefill GPUs, and a
+        request is preempted only at a scheduling decision, which no skip-ahead run contains: within a run the free
+        GPU stays free until the arrival."""
         gpus = self.prefill_gpus
         if self.prefills_queued or gpus.count >= gpus.capacity:
             return None

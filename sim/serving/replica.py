@@ -389,9 +389,11 @@ def _next_feed_s(
     """The next event that feeds ``replica``'s queue with remote prefill: one of its remote prefills
     (``Prefill.next_prefill_event_s``) or its next arrival in ``schedule`` (None: not known in advance). An arrival
     only sends its request to the prefill pool: when a prefill GPU is free now and will take it at once
-    (``Prefill.remote_prefill_end_s``; ``requests``: the schedule's requests), the arrival feeds the queue at the
-    end of its prefill, or at the arrival after it, whichever is first; else (or with ``prefill: none``, where the
-    arrival queues its request at once) at its arrival."""
+    (``Prefill.remote_prefill_end_s``; ``requests``: the schedule's requests) and that prefill ends before both the
+    replica's next prefill event and the arrival after it, the arrival feeds the queue at the end of its prefill;
+    else (or with ``prefill: none``, where the arrival queues its request at once) at its arrival. (A run bounded by
+    an earlier event could end exactly at that prefill's end, whose timeout is scheduled inside the run, after the
+    run's own: SimPy would then order the two unlike stepping, so such a run keeps the arrival as its bound.)"""
     next_s = replica.next_prefill_event_s()
     if schedule is None:
         return next_s
@@ -402,6 +404,7 @@ def _next_feed_s(
     end_s = None
     if requests is not None and not replica.prefill_free:
         end_s = replica.remote_prefill_end_s(requests[i], arrival_s)
-    if end_s is None:
+    later_s = float(times[i + 1]) if i + 1 < len(times) else math.inf
+    if end_s is None or end_s >= min(next_s, later_s):
         return min(next_s, arrival_s)
-    return min(next_s, end_s, float(times[i + 1]) if i + 1 < len(times) else math.inf)
+    return end_s  # the soft bound: a run never ends exactly at it (sim/serving/decode_run.py)

@@ -28,7 +28,7 @@ head, as with the arrivals' soft bound (sim/serving/decode_run.py).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Generator
 
 import numpy as np
@@ -65,8 +65,10 @@ class SkipAhead:
             if gpus.count >= gpus.capacity:  # it starts when a prefill ends: an event the run already ends by
                 return
             end_s = self.remote_prefill_end_s(req, at_s)
-            if end_s is not None and end_s not in times:
-                at_s = end_s
+            if end_s is not None:
+                i = bisect_left(times, end_s)
+                if i == len(times) or times[i] != end_s:  # (a boundary exactly at it: cut after the arrival)
+                    at_s = end_s
         end = bisect_right(times, at_s)  # times[end]: the first boundary after at_s
         if end >= self._run_end:
             return  # the run ends there or before anyway

@@ -5,13 +5,20 @@ those events are gone (counted: the test fails if runs end before soft events ag
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
 import pytest
 
 from sim.config import load_scenario
-from sim.run import simulate
+from sim.run import simulate, simulate_policy
 from sim.serving import replica as replica_module
 from sim.serving.cluster import simulate_cluster
+from sim.serving.fleet import Fleet
 from sim.serving.replica import Replica
+from sim.serving.request import Request
 from sim.workload import load_workload
 from tests.sim.test_fleet_scale import _equal
 from tests.sim.test_skip_ahead import SHORT, _assert_equal
@@ -108,3 +115,54 @@ def test_an_arrival_whose_prefill_starts_at_once_bounds_runs_at_its_prefill_end(
     else:
         _equal(ref, fast)
     assert passed["passed"] > 10, passed
+
+
+TIE = ["serving.prefill=disaggregated", "run.progress=false", "run.debug_checks=true", "policies=sglang"]
+
+
+def _tie_run(rows: list[tuple], gpus: int, skip: str):
+    scenario = load_scenario("default", [*TIE, f"serving.num_prefill_gpus={gpus}", f"run.skip_ahead={skip}"])
+    workload = pd.DataFrame(rows, columns=["request_id", "arrival_s", "prompt_tokens", "output_tokens"])
+    return simulate_policy(scenario, workload, "sglang")
+
+
+def _arrival_ending_at(boundary_s: float, prefill_s, lo_s: float, hi_s: float) -> tuple[int, float]:
+    """A prompt and an arrival time in (lo_s, hi_s) whose remote prefill ends exactly at ``boundary_s``."""
+    for prompt in range(50, 8000, 3):
+        guess = boundary_s - prefill_s(prompt)
+        for ulps in range(-3, 4):
+            t = guess + ulps * math.ulp(guess)
+            if lo_s < t < hi_s and t + prefill_s(prompt) == boundary_s:
+                return prompt, t
+    raise AssertionError("no arrival lands its prefill's end on the boundary")
+
+
+@pytest.mark.parametrize("earlier", ["next_arrival", "running_prefill"])
+def test_a_prefill_end_on_a_step_boundary_with_an_earlier_bound_equals_stepping(earlier):
+    """An arrival's prefill starts inside a run and ends exactly at a step boundary while an earlier event bounds the
+    run (the arrival after it, or another prefill in flight): stepping admits the request at that boundary (its
+    prefill's timeout was scheduled before the last step's), so the run keeps the arrival as its bound rather than
+    end at the boundary with its own timeout first (found by review: ``_next_feed_s`` returned the earlier event)."""
+    gpus = 1 if earlier == "next_arrival" else 2
+    scenario = load_scenario("default", [*TIE, f"serving.num_prefill_gpus={gpus}"])
+    replica = Fleet(scenario, "sglang", 1, 0).replicas[0]
+
+    def prefill_s(prompt: int) -> float:
+        return replica._remote_prefill_s(Request(1, 0.0, prompt, 10))
+
+    base = [(0, 0.0, 1000, 3000)]
+    if earlier == "running_prefill":  # a short prefill that joins, then a long one in flight when the next run starts
+        base += [(1, 1.0, 100, 2000), (2, 1.001, 6000, 2000)]
+    steps = _tie_run(base, gpus, "false").steps
+    starts = steps.loc[steps["phase"] == "decode", "start_s"].to_numpy()
+    if earlier == "next_arrival":
+        k, lo_s = 200, starts[150]
+    else:
+        k = int(np.searchsorted(starts, 1.001 + prefill_s(6000), side="right"))
+        lo_s = starts[int(np.searchsorted(starts, 1.0 + prefill_s(100), side="right"))]
+    prompt, t = _arrival_ending_at(float(starts[k]), prefill_s, float(lo_s), float(starts[k - 1]))
+    rows = [*base, (len(base), t, prompt, 50)]
+    if earlier == "next_arrival":  # the arrival after it falls in the step before the boundary
+        rows.append((len(rows), float((starts[k - 1] + starts[k]) / 2), 200, 50))
+    ref, fast = (SimpleNamespace(policies={"sglang": _tie_run(rows, gpus, skip)}) for skip in ("false", "true"))
+    _assert_equal(ref, fast)
