@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 RATE_PER_REPLICA = 0.35
+# the scenario settings of every case, on top of the default scenario (the policy and workers are added per case)
+SCENARIO_SETS = ("serving.prefill=disaggregated", "run.tables=summary", "run.progress=false")
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "traces" / "data" / "mooncake_conversation.jsonl"
 
@@ -162,7 +164,7 @@ def main() -> None:
     parser.add_argument("--workers", default="", help="run.workers (default: the scenario's, auto)")
     parser.add_argument("--baseline", metavar="COMMIT", help="also run the cases on COMMIT (a git worktree)")
     args = parser.parse_args()
-    sets = ["serving.prefill=disaggregated", "run.tables=summary", "run.progress=false"]
+    sets = list(SCENARIO_SETS)
     if args.baseline:
         _baseline(args.baseline, args, sets)
     rows = []

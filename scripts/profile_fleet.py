@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fleet import RATE_PER_REPLICA, workload  # noqa: E402
+from bench_fleet import RATE_PER_REPLICA, SCENARIO_SETS, workload  # noqa: E402
 
 # (label, module, class, method) of the timed parts, outermost first
 PARTS = (
@@ -63,16 +64,13 @@ def main() -> None:
     except ValueError:
         parser.error(f"--case: expected REPLICASxREQUESTS such as 16x20000, got {args.case!r}")
 
-    import importlib
-
     from sim.config import load_scenario
     from sim.serving.cluster import simulate_cluster
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     counts: collections.Counter = collections.Counter()
-    sets = ["serving.prefill=disaggregated", "run.tables=summary", "run.progress=false", f"policies={args.policy}"]
-    scn = load_scenario("default", [*sets, "run.workers=1"])
+    scn = load_scenario("default", [*SCENARIO_SETS, f"policies={args.policy}", "run.workers=1"])
     layers = scn.model.num_layers
 
     def count_cells(a: tuple) -> None:  # RecallModel.run(self, ctx [k, n], ...)

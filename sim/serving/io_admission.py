@@ -15,7 +15,7 @@ from sim.serving.request import DecodeBatch, Request
 PHI_MIN, PHI_MAX = 0.25, 3.0
 PHI_DECREASE, PHI_INCREASE = 0.8, 0.05
 LINK_IDLE_BUSY_FRAC = 0.8
-AIMD_LOOP_STEPS = 16  # runs of fewer steps update φ step by step in Python (:func:`_aimd_run` pays off above)
+AIMD_LOOP_STEPS = 16  # runs of fewer steps test their steps on Python floats (numpy's call cost dominates there)
 
 
 class RecallBudget:
@@ -58,54 +58,54 @@ class RecallBudget:
             if self.phi == PHI_MAX and self.stall_target > 0:  # steps of positive length that neither stall nor
                 return  # use the link only raise φ, which is at its cap already (the usual dense run)
             stalls_s = link_busy_s = [0.0] * len(steps_s)
-        if len(steps_s) < AIMD_LOOP_STEPS:
-            phi, target = self.phi, self.stall_target
-            for step_s, stall_s, busy_s in zip(steps_s, stalls_s, link_busy_s, strict=True):
-                phi = _aimd(phi, target, step_s, stall_s, busy_s)
-            self.phi = phi
-        else:
-            self.phi = _aimd_run(self.phi, self.stall_target, steps_s, stalls_s, link_busy_s)
+        self.phi = _aimd(self.phi, _phi_moves(self.stall_target, steps_s, stalls_s, link_busy_s))
 
 
-def _aimd(phi: float, stall_target: float, step_s: float, stall_s: float, link_busy_s: float) -> float:
-    """φ after one decode step (:class:`RecallBudget`): ×0.8 when the stall exceeded its target share of the step,
-    +0.05 when it stayed under half of it and the link was busy less than 80 % of the step; within [0.25, 3]."""
-    if step_s <= 0:
-        return phi
-    if stall_s > stall_target * step_s:
-        return max(PHI_MIN, phi * PHI_DECREASE)
-    if stall_s < 0.5 * stall_target * step_s and link_busy_s < LINK_IDLE_BUSY_FRAC * step_s:
-        return min(PHI_MAX, phi + PHI_INCREASE)
-    return phi
+def _step_moves(
+    stall_target: float, step_s: float | np.ndarray, stall_s: float | np.ndarray, link_busy_s: float | np.ndarray
+) -> tuple[bool | np.ndarray, bool | np.ndarray]:
+    """The AIMD tests of :class:`RecallBudget`, elementwise over floats or float64 arrays of steps (seconds): (shrink,
+    grow), bool each. A step shrinks φ when its stall exceeded ``stall_target`` of its length; it grows φ when the
+    stall stayed under half of that and the link was busy less than ``LINK_IDLE_BUSY_FRAC`` of it (where both hold,
+    shrinking wins, :func:`_aimd`); a step of length 0 or less does neither."""
+    positive = step_s > 0
+    shrink = positive & (stall_s > stall_target * step_s)
+    grow = positive & (stall_s < 0.5 * stall_target * step_s) & (link_busy_s < LINK_IDLE_BUSY_FRAC * step_s)
+    return shrink, grow
 
 
-def _aimd_run(
-    phi: float, stall_target: float, steps_s: list[float], stalls_s: list[float], link_busy_s: list[float]
-) -> float:
-    """φ after k decode steps in order: :func:`_aimd` applied step by step, its tests evaluated for all k steps at
-    once (the same floating-point comparisons) and the steps that leave φ as it is skipped: those that neither shrink
-    nor grow it, and the growing ones while φ is at its cap (``min(PHI_MAX, PHI_MAX + x)`` is ``PHI_MAX``)."""
-    step = np.asarray(steps_s, dtype=np.float64)
-    stall = np.asarray(stalls_s, dtype=np.float64)
-    if len(stall) != len(step) or len(link_busy_s) != len(step):
-        raise ValueError(f"AIMD: {len(step)} steps, {len(stall)} stalls, {len(link_busy_s)} link busy times")
-    positive = step > 0
-    shrink = positive & (stall > stall_target * step)
-    grow = positive & ~shrink & (stall < 0.5 * stall_target * step)
-    grow &= np.asarray(link_busy_s, dtype=np.float64) < LINK_IDLE_BUSY_FRAC * step
-    moves = np.flatnonzero(shrink | grow)
-    shrinks = shrink[moves].tolist()  # per step that moves φ: True shrinks it, False grows it
-    shrink_at = np.flatnonzero(shrink[moves]).tolist()  # positions in ``moves`` of the shrinking steps
-    pos, end, next_shrink = 0, len(shrinks), 0
+def _phi_moves(
+    stall_target: float, steps_s: list[float], stalls_s: list[float], link_busy_s: list[float]
+) -> list[bool]:
+    """The k steps' moves of φ in order, one per step that moves it: True shrinks, False grows
+    (:func:`_step_moves`, on Python floats for runs of fewer than ``AIMD_LOOP_STEPS`` steps, else on arrays).
+
+    Raises:
+        ValueError: the three lists differ in length.
+    """
+    if len(stalls_s) != len(steps_s) or len(link_busy_s) != len(steps_s):
+        raise ValueError(f"AIMD: {len(steps_s)} steps, {len(stalls_s)} stalls, {len(link_busy_s)} link busy times")
+    if len(steps_s) < AIMD_LOOP_STEPS:
+        moves = (_step_moves(stall_target, *step) for step in zip(steps_s, stalls_s, link_busy_s))
+        return [shrink for shrink, grow in moves if shrink or grow]
+    arrays = (np.asarray(x, dtype=np.float64) for x in (steps_s, stalls_s, link_busy_s))
+    shrink, grow = _step_moves(stall_target, *arrays)
+    return shrink[shrink | grow].tolist()
+
+
+def _aimd(phi: float, shrinks: list[bool]) -> float:
+    """φ after the moves of :func:`_phi_moves` in order: ×0.8 for a shrinking step, +0.05 for a growing one, within
+    [0.25, 3]. Growing steps while φ is at its cap are skipped (``min(PHI_MAX, PHI_MAX + x)`` is ``PHI_MAX``)."""
+    pos, end = 0, len(shrinks)
     while pos < end:
         if shrinks[pos]:
             phi = max(PHI_MIN, phi * PHI_DECREASE)
             pos += 1
-            next_shrink += 1
         elif phi == PHI_MAX:  # growing steps leave φ at its cap until the next shrinking one
-            if next_shrink == len(shrink_at):
+            try:
+                pos = shrinks.index(True, pos)
+            except ValueError:  # none left
                 break
-            pos = shrink_at[next_shrink]
         else:
             phi = min(PHI_MAX, phi + PHI_INCREASE)
             pos += 1

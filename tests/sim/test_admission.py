@@ -4,18 +4,20 @@ per-step reference (tests/sim/oracles/admission.py), its feedback, and IO-adapti
 from __future__ import annotations
 
 from collections import deque
+from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sim.config import load_scenario
 from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving import admission as admission_module
+from sim.serving import io_admission
 from sim.serving.admission import memory_waits
-from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget, _aimd, _aimd_run
+from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget
 from sim.serving.kv import KvState
 from sim.serving.request import DecodeBatch, Request
 from tests.sim.oracles import admission as oracle
@@ -53,14 +55,23 @@ _seconds = st.sampled_from([0.0, -1.0, 1e-4, 0.01, 0.015, 0.02]) | st.floats(0, 
     target=st.sampled_from([0.0, 0.05, 0.3]),
     steps=st.lists(st.tuples(_seconds, _seconds, _seconds), max_size=120),
 )
+# growing steps at the cap skipped up to a shrinking one, then growing again; shrinking at the floor
+@example(phi=PHI_MAX, target=0.3, steps=[(0.01, 0.0, 0.0), (0.01, 0.0, 0.0), (0.01, 0.01, 0.0), (0.01, 0.0, 0.0)])
+@example(phi=PHI_MIN, target=0.05, steps=[(0.01, 0.01, 0.0)] * 20 + [(0.02, 0.0, 0.001)])
 def test_aimd_of_a_run_equals_the_steps_one_by_one(phi, target, steps):
-    """``_aimd_run`` (the tests of k steps at once, the steps that leave φ as it is skipped) equals ``_aimd`` step by
-    step: shrinking, growing, at the cap and at the floor, steps of length 0 or less."""
+    """``RecallBudget.observe`` of a run (the tests of k steps at once, on Python floats or on arrays, the steps that
+    leave φ as it is skipped) equals the oracle step by step: shrinking, growing, at the cap and at the floor, steps
+    of length 0 or less."""
     one = phi
     for step_s, stall_s, busy_s in steps:
-        one = _aimd(one, target, step_s, stall_s, busy_s)
+        one = oracle.aimd_step(one, target, step_s, stall_s, busy_s)
     step_s, stalls_s, busy_s = ([x[i] for x in steps] for i in range(3))
-    assert _aimd_run(phi, target, step_s, stalls_s, busy_s) == one
+    for loop_steps in (0, 10**9):  # every run on arrays, every run on Python floats
+        with mock.patch.object(io_admission, "AIMD_LOOP_STEPS", loop_steps):
+            budget = RecallBudget(0.0, target, 0.0, 0.0)
+            budget.phi = phi
+            budget.observe(step_s, stalls_s, busy_s)
+            assert budget.phi == one
 
 
 @pytest.mark.parametrize("policy", ["sglang", "headwise", "pulseinfer"])
