@@ -5,7 +5,8 @@ identical is checked by running this before and after (or in two worktrees) and 
     python scripts/fingerprints.py --compare a.json b.json  # which tables moved
 
 Runs (each policy of each run gives a requests table, and a steps table where the run keeps one; summary values are
-fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2, the SGLang HiCache preset,
+fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2 (remote and colocated prefill), the SGLang
+HiCache preset (colocated),
 skip-ahead off on a short sample, and three-replica fleets behind both routers.
 """
 
@@ -24,8 +25,9 @@ RUNS: dict[str, list[str]] = {
     "default": [],
     "colocated": [*SHORT, "serving.prefill=colocated"],
     "horizon": ["run.horizon_s=240"],
-    "tp2": [*SHORT, "serving.tp_size=2", "model=qwen3-14b"],
-    "hicache": [*SHORT, "policies=[sglang,sglang_hicache,pulseinfer]"],
+    "tp2": [*SHORT, "serving.tp_size=2"],
+    "tp2_colocated": [*SHORT, "serving.tp_size=2", "serving.prefill=colocated"],
+    "hicache": [*SHORT, "serving.prefill=colocated", "policies=[sglang,sglang_hicache,pulseinfer]"],
     "stepping": ["workload.max_requests=250", "run.skip_ahead=false"],
     "fleet_rr": ["workload.max_requests=900", "serving.replicas=3", "serving.router=round_robin"],
     "fleet_lt": ["workload.max_requests=900", "serving.replicas=3", "serving.router=least_tokens"],
