@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.compare:
         before, after = (json.loads(p.read_text()) for p in args.compare)
-        moved = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        same = len(before.keys() & after.keys()) - len([k for k in moved if k in before and k in after])
-        print(f"{same} identical, {len(moved)} moved")
+        common = before.keys() & after.keys()
+        moved = sorted(k for k in common if before[k] != after[k])
+        print(f"{len(common) - len(moved)} identical, {len(moved)} moved, {len(before.keys() ^ after.keys())} in one only")
         for k in moved:
             print(f"  {k}: {before.get(k)} -> {after.get(k)}")
         return 0

@@ -2,8 +2,8 @@
 ``scripts/bench_fleet.py``'s workload, with the per-step parts wrapped and timed.
 
 The parts: the offloaded step cost (``OffloadServing.step_costs``, the recall model included), the recall model
-alone (``RecallModel.run``), the compiled layer pipeline (``StepDevices.time_steps``) and applying runs
-(``Replica._apply_run``); "everything else" is the rest of the wall time (the event loop, routing, prefill,
+alone (``RecallModel.run``), timing runs (``StepDevices.time_run``: the compiled layer pipeline, or a recall-free run's
+steps in Python) and applying runs (``Decode._apply_run``); "everything else" is the rest of the wall time (the event loop, routing, prefill,
 admission, tables). Also counted: runs costed, steps costed and (step, request, layer) cells. The wrappers add
 ~1 µs a call; shares, not absolute seconds, carry from one machine to another. One process (``run.workers=1``).
 
@@ -30,8 +30,8 @@ from bench_fleet import RATE_PER_REPLICA, SCENARIO_SETS, workload  # noqa: E402
 PARTS = (
     ("offloaded step cost", "sim.policies.offload", "OffloadServing", "step_costs"),
     ("  of which the recall model", "sim.step.recall", "RecallModel", "run"),
-    ("compiled layer pipeline", "sim.step.timing", "StepDevices", "time_steps"),
-    ("applying runs", "sim.serving.replica", "Replica", "_apply_run"),
+    ("timing runs (layer pipeline)", "sim.step.timing", "StepDevices", "time_run"),
+    ("applying runs", "sim.serving.decode", "Decode", "_apply_run"),
 )
 
 

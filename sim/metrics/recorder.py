@@ -1,9 +1,9 @@
 """Append-only records of one policy's run (SimPy monitoring style: values into columns, tables at the end).
 
-The replica hands the recorder each prefill forward (:meth:`Recorder.record_prefill`), each run of decode steps
-(:meth:`Recorder.record_decode_run`: k ≥ 1 steps over a step axis; a single step is a run of one), the recalling
-steps' per-layer recall and stall (:meth:`Recorder.add_layers`) and the intervals of one chosen recalling step
-(``run.timeline_step``; :meth:`Recorder.timeline_buffer`); requests are appended when done.
+The replica hands the recorder each prefill forward (:meth:`Recorder.record_prefill`) and each run of decode steps
+(:meth:`Recorder.record_decode_run`: k ≥ 1 steps over a step axis, sim/step/cost.py ``DecodeRun``; a single step is
+a run of one), with the recalling steps' per-layer recall and stall and the intervals of one chosen recalling step
+(``run.timeline_step``); requests are appended when done.
 
 Step rows are stored in step order as one typed ``array.array`` per column (8 bytes a value; a run's k rows
 appended per column at once), turned into numpy columns by :meth:`Recorder.step_columns`; no per-row Python
@@ -27,7 +27,7 @@ STEP_TYPECODES = {
     "selected_fragments": "q",
 }  # fmt: skip
 NUMPY_DTYPES = {"q": np.int64, "d": np.float64, "b": np.int8}  # numpy dtype of each array typecode
-# The columns a run that recalled gives (``record_decode_run``'s ``recall``: one [k] list each).
+# The step columns of a run's recall (``DecodeRun`` arrays, [k] each; all zero for a run that recalled nothing).
 RECALL_COLUMNS = (
     "recall_bytes", "num_fragments", "num_transfers", "selected_fragments", "stall_s", "link_busy_s", "gather_busy_s",
 )  # fmt: skip
@@ -37,8 +37,8 @@ RECALL_COLUMNS = (
 class StepTotals:
     """What :func:`sim.metrics.tables.summarize` needs of the step table, kept as the steps are recorded: counts,
     integer sums and the peak, and three float sums (decode time, prefill time, decode stall) added one step after
-    another in step order (:func:`add_in_order`), so a run of k steps adds what k single steps add, bit for bit, in
-    constant memory (64 replicas × 1M requests of Mooncake lengths record ~2·10⁸ decode steps)."""
+    another in step order (``np.cumsum`` is that sequential sum), so a run of k steps adds what k single steps add,
+    bit for bit, in constant memory (64 replicas × 1M requests of Mooncake lengths record ~2·10⁸ decode steps)."""
 
     num_steps: int = 0
     decode_steps: int = 0
@@ -56,14 +56,6 @@ class StepTotals:
         out = StepTotals(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
         out.peak_kv_used_blocks = max(self.peak_kv_used_blocks, other.peak_kv_used_blocks)
         return out
-
-
-def add_in_order(total: float, values: list[float]) -> float:
-    """``total`` plus each of ``values`` in turn, as a loop of ``+=`` adds them (``np.cumsum`` is that sequential
-    sum, in one call for a run's k values)."""
-    if len(values) == 1:
-        return total + values[0]
-    return float(np.cumsum([total, *values])[-1])
 
 
 @dataclass
@@ -115,7 +107,9 @@ class Recorder:
         return out
 
     def _bin_bytes(self, time_s: float, nbytes: np.ndarray, end_s: float) -> None:
-        """Spread one step's per-layer bytes (int64 [num_layers]) over the time bins it spans (:meth:`add_layers`)."""
+        """Spread one step's per-layer bytes (int64 [num_layers]) over the time bins it spans, in proportion to its
+        overlap with each, so a bin never books more than the link moved in it (an instant, ``end_s == time_s``,
+        books into its one bin)."""
         bin_s = self.layer_bin_s
         end_s = max(end_s, time_s)
         first, last = int(time_s // bin_s), int(end_s // bin_s)
@@ -127,39 +121,6 @@ class Recorder:
             acc = self.binned_bytes.setdefault(key, np.zeros(self.num_layers))
             acc += nbytes * share
 
-    def add_layers(
-        self, starts_s: list[float], ends_s: list[float], nbytes: np.ndarray, fragments: np.ndarray, stall_s: np.ndarray
-    ) -> None:
-        """Accumulate m recalling steps' per-layer recall and stall, in order: each float accumulator adds the steps'
-        values one after another, as the steps ran (``np.cumsum`` along the steps is that sequential sum). Each
-        step's bytes are spread over the time bins it spans in proportion to its overlap with each, so a bin never
-        books more than the link moved in it (an instant, ``end_s == start_s``, books into its one bin). Nothing is
-        kept with ``keep_steps=False``.
-
-        Args:
-            starts_s, ends_s: [m] each step's start and end, seconds, in time order.
-            nbytes, fragments: int64 [m, num_layers]; stall_s: float64 [m, num_layers].
-        """
-        if not self.keep_steps or not len(starts_s):
-            return
-        if len(starts_s) == 1:  # one step (the usual caller): the sums below of one row, added in place
-            self.layer_bytes += nbytes[0]
-            self.layer_fragments += fragments[0]
-            self.layer_stall_s += stall_s[0]
-            self._bin_bytes(float(starts_s[0]), nbytes[0], float(ends_s[0]))
-            return
-        self.layer_bytes += nbytes.sum(axis=0)
-        self.layer_fragments += fragments.sum(axis=0)
-        self.layer_stall_s = np.cumsum(np.vstack((self.layer_stall_s, stall_s)), axis=0)[-1]  # step after step
-        bin_s = self.layer_bin_s
-        first, last = int(starts_s[0] // bin_s), int(max(ends_s[-1], starts_s[-1]) // bin_s)
-        if first == last:  # every step in one bin (the usual case): share 1 each, added step after step
-            acc = self.binned_bytes.setdefault(first, np.zeros(self.num_layers))
-            self.binned_bytes[first] = np.cumsum(np.vstack((acc, nbytes * 1.0)), axis=0)[-1]
-            return
-        for i in range(len(starts_s)):
-            self._bin_bytes(float(starts_s[i]), nbytes[i], float(ends_s[i]))
-
     def set_timeline(self, step_id: int, groups: int, intervals: list[tuple]) -> None:
         """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""
         self.timeline = [(step_id, item // groups, item % groups, kind, a, b, p) for kind, item, a, b, p in intervals]
@@ -169,71 +130,110 @@ class Recorder:
         """Id the next recorded step gets (steps are numbered in recording order from 0)."""
         return self.totals.num_steps
 
-    def timeline_buffer(self) -> list[tuple] | None:
-        """For the next recalling decode step: a list to collect its intervals if it is the step the timeline keeps
-        (the first, then the ``timeline_step``-th), else None (:attr:`recall_steps` counts the steps recorded)."""
-        return [] if self.recall_steps + 1 in (1, self.timeline_step) else None
-
     def record_decode_run(
         self,
-        start_s: list[float],
-        duration_s: list[float],
+        run,
+        times_s: np.ndarray,
+        steps_s: np.ndarray,
         batch_size: int,
         num_offloaded: int,
-        attended_tokens: list[int],
-        blocks_used: list[int],
-        hbm_bytes: list[int],
+        blocks_used: np.ndarray,
+        hbm_bytes: np.ndarray,
         host_bytes: int,
-        recall: dict[str, list] | None = None,
     ) -> None:
-        """Append the rows of k ≥ 1 decode steps (a single step is a run of one; a skip-ahead run has k ≥ 2) and
-        update :attr:`totals`. Each argument that varies by step is a list of k values in step order.
+        """Record the k = ``run.steps`` ≥ 1 decode steps taken of ``run`` (sim/step/cost.py ``DecodeRun``; a single step
+        is a run of one): :attr:`totals`, the link and gather busy totals, the steps that recalled through the layer
+        pipeline (:attr:`recall_steps`, their per-layer recall and stall, spread over the time bins they span), the
+        timeline of a step that recorded its intervals, and the step rows. Every float total adds the steps' values
+        one after another, as the steps ran (``np.cumsum`` along the steps is that sequential sum).
 
         Args:
-            start_s, duration_s: each step's start and length, seconds.
-            attended_tokens, blocks_used, hbm_bytes: ints per step (device blocks and HBM bytes after it; blocks used
-                never fall within a run: blocks held only grow).
-            host_bytes: host DRAM bytes used (unchanged over the run).
-            recall: per-step columns of steps that recall (``recall_bytes``, ``num_fragments``, ``num_transfers``,
-                ``selected_fragments`` ints; ``stall_s``, ``link_busy_s``, ``gather_busy_s`` floats); None: they
-                recalled nothing (all zero).
-
-        Raises:
-            TypeError: a count is not an integer (the int64 columns refuse floats rather than truncate them), or a
-                per-step argument is not a list.
-            KeyError: ``recall`` lacks one of :data:`RECALL_COLUMNS`.
+            run: the steps: ``attended_tokens``, the recall columns (:data:`RECALL_COLUMNS`; None: recalled nothing),
+                ``layer_bytes``/``layer_fragments``/``item_stall_s`` of the steps that recalled, ``intervals``.
+            times_s: float64 [k + 1] step boundaries; steps_s: float64 [k] each step's length (seconds).
+            blocks_used, hbm_bytes: int64 [k] device blocks and HBM bytes used after each step (blocks used never
+                fall within a run: blocks held only grow); host_bytes: host DRAM bytes used (unchanged over the run).
         """
-        k = len(start_s)
-        zeros = bytes(8 * k)  # k zeros of an 8-byte column: 0 and 0.0 are eight zero bytes
+        k = run.steps
         t = self.totals
+        step_id = t.num_steps
         t.num_steps += k
         t.decode_steps += k
-        t.decode_time_s = add_in_order(t.decode_time_s, duration_s)
-        if recall is not None:
-            t.decode_stall_s = add_in_order(t.decode_stall_s, recall["stall_s"])
-            t.decode_recall_bytes += sum(recall["recall_bytes"])
-            t.decode_fragments += sum(recall["num_fragments"])
-            t.decode_selected_fragments += sum(recall["selected_fragments"])
+        recalled = run.recall_bytes is not None
+        if k == 1:  # (one step: the sums below of one value)
+            t.decode_time_s += float(steps_s[0])
+            if recalled:
+                t.decode_stall_s += float(run.stall_s[0])
+                self.link_busy_s += float(run.link_busy_s[0])
+                self.gather_busy_s += float(run.gather_busy_s[0])
+        else:
+            t.decode_time_s = float(np.cumsum(np.concatenate(([t.decode_time_s], steps_s)))[-1])
+            if recalled:
+                for name in ("link_busy_s", "gather_busy_s"):
+                    values = getattr(run, name)[:k]
+                    setattr(self, name, float(np.cumsum(np.concatenate(([getattr(self, name)], values)))[-1]))
+                t.decode_stall_s = float(np.cumsum(np.concatenate(([t.decode_stall_s], run.stall_s[:k])))[-1])
+        if recalled:
+            t.decode_recall_bytes += int(run.recall_bytes[:k].sum())
+            t.decode_fragments += int(run.num_fragments[:k].sum())
+            t.decode_selected_fragments += int(run.selected_fragments[:k].sum())
         t.decode_batch_sum += batch_size * k
-        t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, blocks_used[-1])
+        t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used[-1]))
+        steps = None  # the steps that recalled through the layer pipeline (timed by it: stall, per-layer records)
+        if recalled and (run.jobs is not None or run.sequential is not None):
+            steps = np.flatnonzero(run.recall_bytes[:k] > 0)
+            self.recall_steps += len(steps)
         if not self.keep_steps:
             return
+        if steps is not None and len(steps):  # per-layer recall and stall, in step order
+            nbytes, frags = run.layer_bytes[steps], run.layer_fragments[steps]
+            groups = run.group_layer_s.shape[1]
+            stall = run.item_stall_s[steps]
+            if groups > 1:
+                stall = stall.reshape(len(steps), self.num_layers, groups).sum(axis=2)
+            if run.intervals:
+                self.set_timeline(step_id + int(steps[0]), groups, run.intervals)
+            starts_s, ends_s = times_s[steps], times_s[steps + 1]
+            if len(steps) == 1:
+                self.layer_bytes += nbytes[0]
+                self.layer_fragments += frags[0]
+                self.layer_stall_s += stall[0]
+                start_s, end_s, bin_s = float(starts_s[0]), float(ends_s[0]), self.layer_bin_s
+                if int(start_s // bin_s) == int(max(end_s, start_s) // bin_s):  # in one bin (the usual case)
+                    acc = self.binned_bytes.setdefault(int(start_s // bin_s), np.zeros(self.num_layers))
+                    acc += nbytes[0] * 1.0
+                else:
+                    self._bin_bytes(start_s, nbytes[0], end_s)
+            else:
+                self.layer_bytes += nbytes.sum(axis=0)
+                self.layer_fragments += frags.sum(axis=0)
+                self.layer_stall_s = np.cumsum(np.vstack((self.layer_stall_s, stall)), axis=0)[-1]
+                bin_s = self.layer_bin_s
+                first, last = int(starts_s[0] // bin_s), int(max(ends_s[-1], starts_s[-1]) // bin_s)
+                if first == last:  # every step in one bin (the usual case): share 1 each, added step after step
+                    acc = self.binned_bytes.setdefault(first, np.zeros(self.num_layers))
+                    self.binned_bytes[first] = np.cumsum(np.vstack((acc, nbytes * 1.0)), axis=0)[-1]
+                else:
+                    for i in range(len(steps)):
+                        self._bin_bytes(float(starts_s[i]), nbytes[i], float(ends_s[i]))
         c = self._columns
-        c["phase"].fromlist([1] * k)
-        c["start_s"].fromlist(start_s)
-        c["duration_s"].fromlist(duration_s)
+        zeros = bytes(8 * k)  # k zeros of an 8-byte column: 0 and 0.0 are eight zero bytes
+        c["phase"].frombytes(b"\x01" * k)
+        c["start_s"].frombytes(times_s[:-1].tobytes())
+        c["duration_s"].frombytes(steps_s.tobytes())
         c["batch_size"].fromlist([batch_size] * k)
         c["num_offloaded"].fromlist([num_offloaded] * k)
         c["prefill_tokens"].frombytes(zeros)
-        c["attended_tokens"].fromlist(attended_tokens)
-        c["kv_used_blocks"].fromlist(blocks_used)
-        c["hbm_used_bytes"].fromlist(hbm_bytes)
+        c["attended_tokens"].frombytes(np.asarray(run.attended_tokens[:k], dtype=np.int64).tobytes())
+        c["kv_used_blocks"].frombytes(np.asarray(blocks_used, dtype=np.int64).tobytes())
+        c["hbm_used_bytes"].frombytes(np.asarray(hbm_bytes, dtype=np.int64).tobytes())
         c["host_used_bytes"].fromlist([host_bytes] * k)
         for name in RECALL_COLUMNS:
-            if recall is None:
+            if not recalled:
                 c[name].frombytes(zeros)
             else:
-                c[name].fromlist(recall[name])
+                values = getattr(run, name)[:k]
+                c[name].frombytes(np.asarray(values, dtype=NUMPY_DTYPES[c[name].typecode]).tobytes())
 
     def record_prefill(
         self, start_s: float, end_s: float, batch_size: int, num_offloaded: int, prefill_tokens: int,

@@ -11,16 +11,16 @@ from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.serving.admission import Admission, AdmissionParams
 from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
-from sim.step.cost import StepCost
+from sim.step.cost import DecodeRun
 from sim.step.draws import RecallDraws
 
 
 class Policy:
     """Base class: what every policy shares with SGLang-like continuous batching.
 
-    Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and
-    :meth:`step_cost`. ``model`` and ``hardware`` are what one GPU of the replica holds and sees
-    (``serving.tp_size``, sim/config/parallel.py): KV bytes, weights and link rates are per GPU.
+    Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and, where their steps
+    are not always recall-free, :meth:`step_costs`. ``model`` and ``hardware`` are what one GPU of the replica holds
+    and sees (``serving.tp_size``, sim/config/parallel.py): KV bytes, weights and link rates are per GPU.
     """
 
     def __init__(self, scenario: Scenario, name: str, params: DensePolicy) -> None:
@@ -106,8 +106,8 @@ class Policy:
             steps: how many steps.
 
         Returns:
-            (attended tokens int64 [steps], one layer's seconds float64 [steps]): bit for bit what
-            :meth:`step_cost` would give as ``attended_tokens`` and ``compute_s[0]`` step by step.
+            (attended tokens int64 [steps], one layer's seconds float64 [steps]): each step's as a run of one gives
+            it.
         """
         if steps == 1:
             attended, layer_s = self.recall_free_step(ctx)
@@ -115,22 +115,24 @@ class Policy:
         attended = int(ctx.sum()) + len(ctx) * np.arange(steps, dtype=np.int64)
         return attended, self.compute.decode_layer_s(len(ctx), attended)
 
-    def step_cost(
+    def step_costs(
         self,
         ctx: np.ndarray,
         offloaded: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        recall_state: np.ndarray | None = None,
-        free_hbm_bytes: int = 0,
-    ) -> StepCost:
-        """Cost of one decode step in which each request attends its ``ctx`` KV tokens.
+        draws: RecallDraws,
+        recall_state: np.ndarray | None,
+        free_hbm_bytes: np.ndarray,
+    ) -> DecodeRun:
+        """The costs of k decode steps of one batch that are not recall-free (:meth:`is_recall_free`; recall-free
+        steps cost :meth:`recall_free_decode`), recall draws peeked, not consumed (``DecodeRun.commit`` consumes those
+        of the steps taken). The one definition of such a step's cost: a single step is k = 1.
 
         Args:
-            ctx: int64 [n] KV tokens each request attends (cached tokens + the new one).
-            offloaded: bool [n]; cold: bool [n] first step after (re)admission.
-            rng: the replica's recall draw streams (sim/step/draws.py), or a seeded generator to spawn them from.
-            recall_state: float [n, recall_state_width] per-request recall state, updated in place.
-            free_hbm_bytes: KV-pool bytes free now (a dynamically sized shared recall cache lives there).
+            ctx: int64 [k, n] KV tokens each request attends at each step.
+            offloaded: bool [n]; cold: bool [n] (step 0 only: the first step after (re)admission).
+            draws: the replica's streams (sim/step/draws.py).
+            recall_state: float [n, recall_state_width] before the run (read only), or None.
+            free_hbm_bytes: int64 [k] KV-pool bytes free at each step (a dynamically sized shared cache lives there).
         """
         raise NotImplementedError

@@ -11,7 +11,7 @@ Everything else lives in host DRAM. Attention reads the sink, the recent window 
 (all blocks for ``selection: all``); selection reads every summary.
 
 Offload writes (D2H): each step the new token's KV of every offloaded request is backed up to host
-(eager backup, as SGLang HiSparse does, docs/sources.md §5.4): ``StepCost.d2h_bytes``, carried by the
+(eager backup, as SGLang HiSparse does, docs/sources.md §5.4): ``DecodeRun.d2h_bytes``, carried by the
 GPU's D2H queue (sim/step/timing.py), which slows H2D by the hardware's ``d2h_coupling`` while busy.
 
 Selection (sparse policies, every step with offloaded requests, whether it recalls or not): per layer and
@@ -52,8 +52,8 @@ from sim.config import OffloadPolicy, Scenario, SelectionProfile
 from sim.policies.base import Policy
 from sim.serving.admission import Admission, AdmissionParams, IoBoundParams
 from sim.serving.io_admission import IoAdaptiveAdmission
-from sim.step.cost import StepCost, StepCosts
-from sim.step.draws import RecallDraws, as_draws
+from sim.step.cost import DecodeRun
+from sim.step.draws import RecallDraws
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
@@ -100,7 +100,7 @@ class OffloadServing(Policy):
         pays = self.io_overlaps and params.io != "gpu_gather"
         self.eager_launch_s = params.eager_launch_us_per_layer * 1e-6 if pays else 0.0
         self.event_wait_s = params.event_wait_us * 1e-6 if pays else 0.0
-        self._recall_table = np.zeros((0, 4))  # _recall_costs' rows so far
+        self._recall_table = np.zeros((0, 4))  # the recall costs of 0, 1, ... fragments (step_costs)
 
     @cached_property
     def admission(self) -> Admission:
@@ -172,23 +172,6 @@ class OffloadServing(Policy):
             return float(self.link.streamed_s([gather], [link], [nbytes], self.params.chunk_bytes)[0])
         return max(gather, link)
 
-    def step_cost(
-        self,
-        ctx: np.ndarray,
-        offloaded: np.ndarray,
-        cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        recall_state: np.ndarray | None = None,
-        free_hbm_bytes: int = 0,
-    ) -> StepCost:
-        """One decode step's cost: :meth:`step_costs` of a run of one step, its draws consumed and the offloaded
-        requests' recall state rows written (args as there, for one step: ``ctx`` int64 [n], ``free_hbm_bytes``
-        int)."""
-        draws = as_draws(rng)
-        costs = self.step_costs(ctx[None, :], offloaded, cold, draws, recall_state, np.array([free_hbm_bytes]))
-        costs.commit(1, recall_state, offloaded)
-        return costs.at(0)
-
     def step_costs(
         self,
         ctx: np.ndarray,
@@ -197,11 +180,11 @@ class OffloadServing(Policy):
         draws: RecallDraws,
         recall_state: np.ndarray | None,
         free_hbm_bytes: np.ndarray,
-    ) -> StepCosts:
+    ) -> DecodeRun:
         """The costs of k decode steps of one batch (its membership fixed), recall draws peeked, not consumed
-        (``StepCosts.commit`` consumes those of the steps that ran). The one definition of an offloaded step's
-        cost: a single step (:meth:`step_cost`) is k = 1, skip-ahead over offloaded steps
-        (sim/serving/offload_run.py) takes k at once where :meth:`runs_offloaded` holds.
+        (``DecodeRun.commit`` consumes those of the steps taken). The one definition of an offloaded step's cost: a
+        single step is k = 1, a skip-ahead run (sim/serving/decode.py) takes k at once where :meth:`runs_offloaded`
+        holds.
 
         Args:
             ctx: int64 [k, n] KV tokens each request attends at each step.
@@ -222,7 +205,8 @@ class OffloadServing(Policy):
         candidates = self.candidate_blocks(ctx, offloaded) if self.selection_cost is not None else None  # int64 [k, n]
         groups = None  # micro-batch group of each request (None: one group)
         if G == 1:
-            group_s = self._layer_s(batch, attended, None if candidates is None else candidates.sum(axis=1))[:, None]
+            sizes, att = (batch,), attended[:, None]
+            cand = None if candidates is None else candidates.sum(axis=1)[:, None]
         else:  # micro-batches: each group runs every layer on its own (re-reading the weights)
             groups = np.arange(batch) % G
             sizes = np.bincount(groups, minlength=G)
@@ -231,15 +215,23 @@ class OffloadServing(Policy):
             np.add.at(att, cells, attended_each)
             if candidates is not None:
                 np.add.at(cand, cells, candidates)
-            group_s = np.stack([self._layer_s(int(sizes[g]), att[:, g], cand[:, g]) for g in range(G)], axis=1)
+        # Seconds of one layer of each group at each step: compute, plus the selection time of the group's candidate
+        # blocks (SelectionProfile.seconds_array: the policy's default or a profile's measured figures) where selection
+        # costs anything. One step: the compute model's scalar form (numpy's per-call cost dominates there).
+        group_s = np.empty((k, G))
+        for g in range(G):
+            layer_s = self.compute.decode_layer_s(int(sizes[g]), int(att[0, g]) if k == 1 else att[:, g])
+            if self.selection_cost is not None:
+                layer_s = layer_s + self.selection_cost.seconds_array(cand[:, g])
+            group_s[:, g] = layer_s
         n_off = int(np.count_nonzero(offloaded))
         head_s, d2h_bytes = self.compute.decode_head_s(batch), n_off * self.kv_bytes_per_token
         lookahead = params.lookahead_layers * G
         if not n_off:  # nothing recalled
             per_step, per_layer = np.zeros(k, dtype=np.int64), np.zeros((k, L), dtype=np.int64)
-            return StepCosts(
-                group_s, None, head_s, d2h_bytes, attended, per_layer, per_layer, per_step, per_step, per_step,
-                per_step, lookahead, params.chunk_bytes, None,
+            return DecodeRun(
+                group_s, None, head_s, d2h_bytes, L, attended, per_layer, per_layer, per_step, per_step, per_step,
+                per_step, lookahead, params.chunk_bytes,
             )  # fmt: skip
         cache = None
         if self.shared_cache:  # fragments the shared cache holds: a fixed size, or what the pool leaves free
@@ -253,8 +245,12 @@ class OffloadServing(Policy):
         off_ctx, off_cold = (ctx, cold) if every else (ctx[:, offloaded], cold[offloaded])
         rec = self.recall.run(off_ctx, off_cold, draws, gid, G, state, cache)
         nbytes, frags = rec.nbytes, rec.fragments  # int64 [k, G, L]
-        if rec.contiguous_s is None:  # sparse selection: a cell's recall costs are a function of its fragments
-            cells = np.take(self._recall_costs(int(frags.max())), frags, axis=0)
+        if rec.contiguous_s is None:  # sparse selection: a cell's recall costs are a function of its fragments alone,
+            table = self._recall_table  # computed once per count and looked up (the same numbers, per cell)
+            if len(table) <= frags.max():
+                fragments = np.arange(max(int(frags.max()) + 1, 2 * len(table), 64))
+                table = self._recall_table = self._cell_costs(fragments * self.recall.fragment_bytes, fragments)
+            cells = np.take(table, frags, axis=0)
         elif params.io == "per_fragment":  # selection all: one copy per request
             link = np.where(nbytes > 0, rec.contiguous_s[:, :, None], 0.0)
             cells = np.stack((nbytes.astype(float), link, link, np.zeros_like(link)), axis=-1)
@@ -270,32 +266,32 @@ class OffloadServing(Policy):
             transfers = num_fragments
         else:  # one copy, batched call or kernel per (group, layer)
             transfers = (nbytes != 0).reshape(k, -1).sum(axis=1)
-        costs = StepCosts(
-            group_s, None, head_s, d2h_bytes, attended, layer_bytes, layer_frags, recall_bytes, num_fragments,
+        costs = DecodeRun(
+            group_s, None, head_s, d2h_bytes, L, attended, layer_bytes, layer_frags, recall_bytes, num_fragments,
             transfers, rec.selected_fragments, lookahead, params.chunk_bytes, rec,
         )  # fmt: skip
-
-        def items(x: np.ndarray) -> np.ndarray:  # [k, G, L] -> [k, L·G] in GPU order (layer-major, group-minor)
-            return x.transpose(0, 2, 1).reshape(k, L * G)
-
+        # [k, G, L] -> [k, L·G] in GPU order (layer-major, group-minor)
         overhead = None  # float64 [k, L·G] eager launches and event waits of the steps that recall, or None
         if self.eager_launch_s or self.event_wait_s:  # (a step recalls where it moves any bytes)
-            overhead = self.eager_launch_s * costs.has_recall[:, None] + self.event_wait_s * (items(nbytes) > 0)
+            moves = nbytes.transpose(0, 2, 1).reshape(k, L * G) > 0
+            overhead = self.eager_launch_s * (recall_bytes > 0)[:, None] + self.event_wait_s * moves
         if not self.io_overlaps:  # recall runs inline on the computing thread (CPU engine): it adds to the layer
-            costs.compute_s = np.tile(group_s, L) + items(gather) + items(link)
+            inline = (gather.transpose(0, 2, 1).reshape(k, L * G), link.transpose(0, 2, 1).reshape(k, L * G))
+            costs.compute_s = np.tile(group_s, L) + inline[0] + inline[1]
         elif not self.interruptible:
             costs.sequential = (link[:, 0], gather[:, 0] if params.io == "gather_scatter" else np.zeros((k, L)))
-            costs.host_gather = params.io == "gather_scatter"
             if params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), link[:, 0], 1)
-            elif overhead is not None:
-                costs.compute_s = self._plus_layers(overhead, group_s)
+            elif overhead is not None:  # overhead plus each group's layer seconds at every layer (no tiled copy)
+                overhead.reshape(k, L, G)[...] += group_s[:, None, :]
+                costs.compute_s = overhead
         else:  # items in GPU order, split into prefetch and urgent correction
             parts = cells.transpose(0, 2, 1, 3).reshape(k, L * G, 4)  # float64 [k, L·G, 4]
             if params.io == "gpu_gather":
                 costs.compute_s = self._sm_shared(np.tile(group_s, L), parts[..., 2], costs.lookahead_items)
             if overhead is not None:  # (never with gpu_gather: its recall is in the graph)
-                costs.compute_s = self._plus_layers(overhead, group_s)
+                overhead.reshape(k, L, G)[...] += group_s[:, None, :]
+                costs.compute_s = overhead
             f = self.correction_frac
             costs.jobs = ((1 - f) * parts, f * parts)
         return costs
@@ -310,25 +306,15 @@ class OffloadServing(Policy):
             held = self.link.streamed_s(gather, link, nbytes.astype(float), self.params.chunk_bytes)
         return np.stack((nbytes.astype(float), held, link, gather), axis=-1)
 
-    def _recall_costs(self, most: int) -> np.ndarray:
-        """:meth:`_cell_costs` of f = 0, 1, ..., F − 1 fragments of ``fragment_bytes`` each (F > ``most``): float64
-        [F, 4]. With sparse selection a cell's costs are a function of its fragments alone, so they are computed once
-        for each count and looked up (the same numbers, per cell)."""
-        table = self._recall_table
-        if len(table) <= most:
-            fragments = np.arange(max(most + 1, 2 * len(table), 64))
-            table = self._recall_table = self._cell_costs(fragments * self.recall.fragment_bytes, fragments)
-        return table
-
     def runs_offloaded(self) -> bool:
-        """Whether skip-ahead times k offloaded steps at once (sim/serving/offload_run.py, compiled run kernels):
+        """Whether skip-ahead times k offloaded steps at once (sim/serving/decode.py, compiled run kernels):
         one micro-batch on a card whose I/O overlaps compute, sparse selection, any ``io`` but ``gpu_gather`` (its
         SM sharing makes a step's layers differ); other configurations step one at a time through the same
         :meth:`step_costs`."""
         return not self.full and self.groups == 1 and self.io_overlaps and self.params.io != "gpu_gather"
 
     def is_recall_free(self, offloaded: np.ndarray) -> bool:
-        """With no offloaded request and one micro-batch, :meth:`step_cost` returns the dense cost (the measured
+        """With no offloaded request and one micro-batch, a step costs what a dense one does (the measured
         selection time of no candidates is 0)."""
         return self.groups == 1 and not np.count_nonzero(offloaded)
 
@@ -346,26 +332,6 @@ class OffloadServing(Policy):
         """Blocks selection scores per request (int64 [..., n] for ``ctx`` [..., n]; bool [n] ``offloaded``): an
         offloaded request's blocks outside the sink and window, none of a dense one's (it reads no summaries)."""
         return np.where(offloaded, self.recall.offloaded_blocks(ctx), 0)
-
-    def _layer_s(self, batch: int, attended: np.ndarray, candidates: np.ndarray | None) -> np.ndarray:
-        """Seconds of one layer of a group of ``batch`` requests at each step (float64 [k]): compute, plus the
-        selection time of the group's candidate blocks (int64 [k]; ``SelectionProfile.seconds``, the policy's
-        default or a profile's measured figures) where selection costs anything (else ``candidates`` is not
-        read)."""
-        if len(attended) == 1:  # one step: the compute model's scalar form (numpy's per-call cost dominates there)
-            layer_s = np.array([self.compute.decode_layer_s(batch, int(attended[0]))])
-        else:
-            layer_s = self.compute.decode_layer_s(batch, attended)
-        if self.selection_cost is None:
-            return layer_s
-        return layer_s + self.selection_cost.seconds_array(candidates)
-
-    def _plus_layers(self, items_s: np.ndarray, group_s: np.ndarray) -> np.ndarray:
-        """``items_s`` (float64 [k, L·G], GPU order; overwritten and returned) plus each group's layer seconds
-        (float64 [k, G]) at every layer: ``np.tile(group_s, L) + items_s`` without the tiled copy."""
-        view = items_s.reshape(len(items_s), self.num_layers, self.groups)
-        view += group_s[:, None, :]
-        return items_s
 
     def _sm_shared(self, compute_s: np.ndarray, kernel_s: np.ndarray, lookahead: int) -> np.ndarray:
         """Per-item compute (float64 [k, items]) with the SM time GPU gather kernels (float64 [k, m]) take

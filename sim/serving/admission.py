@@ -120,7 +120,7 @@ class Admission:
             stalls_s, link_busy_s: each step's stall and link-busy seconds; None: no stall, the link idle (steps
                 that recalled nothing).
         """
-        if steps_s:
+        if len(steps_s) and not (self.new_token_ratio == self.ratio_min and self.ratio_decay >= 0):  # (at its floor)
             self.new_token_ratio = self._decayed_ratios(len(steps_s))[-1]
 
     def on_preempt(self, batch: DecodeBatch | None = None) -> None:

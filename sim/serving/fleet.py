@@ -96,15 +96,15 @@ class Fleet:
 
     def preload_kernels(self, prompt_tokens: np.ndarray) -> None:
         """Before the event loop: load the compiled kernels of skip-ahead over offloaded steps when a request with
-        the longest of these prompts would run offloaded (sim/serving/offload_run.py ``preload_kernels``); a
+        the longest of these prompts would run offloaded (sim/step/timing.py ``preload_kernels``); a
         one-time start-up cost that would otherwise land inside the loop at the first offloaded step."""
         replica = self.replicas[0]
         if not (len(prompt_tokens) and replica.offload_runs):
             return
         if replica.policy.wants_offload(int(np.max(prompt_tokens))):
-            from sim.serving.offload_run import preload_kernels
+            from sim.step.timing import preload_kernels
 
-            preload_kernels()
+            preload_kernels(self.scenario.run.kernels)
 
     def run(self, driver: Generator[simpy.Event, object, None]) -> str:
         """Start ``driver``, then run every replica's scheduler until all are done or the horizon.

@@ -58,7 +58,23 @@ class RecallBudget:
             if self.phi == PHI_MAX and self.stall_target > 0:  # steps of positive length that neither stall nor
                 return  # use the link only raise φ, which is at its cap already (the usual dense run)
             stalls_s = link_busy_s = [0.0] * len(steps_s)
-        self.phi = _aimd(self.phi, _phi_moves(self.stall_target, steps_s, stalls_s, link_busy_s))
+        k = len(steps_s)
+        if len(stalls_s) != k or len(link_busy_s) != k:
+            raise ValueError(f"AIMD: {k} steps, {len(stalls_s)} stalls, {len(link_busy_s)} link busy times")
+        # The k steps' moves of φ in order, one per step that moves it: True shrinks, False grows (:func:`_step_moves`,
+        # on Python floats for runs of fewer than AIMD_LOOP_STEPS steps, else on arrays).
+        if k < AIMD_LOOP_STEPS:
+            shrinks = []
+            for i in range(k):
+                step = (float(steps_s[i]), float(stalls_s[i]), float(link_busy_s[i]))
+                shrink, grow = _step_moves(self.stall_target, *step)
+                if shrink or grow:
+                    shrinks.append(shrink)
+        else:
+            arrays = (np.asarray(x, dtype=np.float64) for x in (steps_s, stalls_s, link_busy_s))
+            shrink, grow = _step_moves(self.stall_target, *arrays)
+            shrinks = shrink[shrink | grow].tolist()
+        self.phi = _aimd(self.phi, shrinks)
 
 
 def _step_moves(
@@ -74,28 +90,10 @@ def _step_moves(
     return shrink, grow
 
 
-def _phi_moves(
-    stall_target: float, steps_s: list[float], stalls_s: list[float], link_busy_s: list[float]
-) -> list[bool]:
-    """The k steps' moves of φ in order, one per step that moves it: True shrinks, False grows
-    (:func:`_step_moves`, on Python floats for runs of fewer than ``AIMD_LOOP_STEPS`` steps, else on arrays).
-
-    Raises:
-        ValueError: the three lists differ in length.
-    """
-    if len(stalls_s) != len(steps_s) or len(link_busy_s) != len(steps_s):
-        raise ValueError(f"AIMD: {len(steps_s)} steps, {len(stalls_s)} stalls, {len(link_busy_s)} link busy times")
-    if len(steps_s) < AIMD_LOOP_STEPS:
-        moves = (_step_moves(stall_target, *step) for step in zip(steps_s, stalls_s, link_busy_s))
-        return [shrink for shrink, grow in moves if shrink or grow]
-    arrays = (np.asarray(x, dtype=np.float64) for x in (steps_s, stalls_s, link_busy_s))
-    shrink, grow = _step_moves(stall_target, *arrays)
-    return shrink[shrink | grow].tolist()
-
-
 def _aimd(phi: float, shrinks: list[bool]) -> float:
-    """φ after the moves of :func:`_phi_moves` in order: ×0.8 for a shrinking step, +0.05 for a growing one, within
-    [0.25, 3]. Growing steps while φ is at its cap are skipped (``min(PHI_MAX, PHI_MAX + x)`` is ``PHI_MAX``)."""
+    """φ after the moves of :meth:`RecallBudget.observe` in order: ×0.8 for a shrinking step, +0.05 for a growing
+    one, within [0.25, 3]. Growing steps while φ is at its cap are skipped (``min(PHI_MAX, PHI_MAX + x)`` is
+    ``PHI_MAX``)."""
     pos, end = 0, len(shrinks)
     while pos < end:
         if shrinks[pos]:
@@ -135,11 +133,11 @@ class IoAdaptiveAdmission(Admission):
         link_busy_s: list[float] | None = None,
     ) -> None:
         """:meth:`Admission.on_decode_run`, φ's AIMD update after each step, and the last step's attended tokens."""
-        if not steps_s:
+        if not len(steps_s):
             return
         super().on_decode_run(steps_s, attended_tokens)
         self.budget.observe(steps_s, stalls_s, link_busy_s)
-        self.last_attended = attended_tokens[-1]
+        self.last_attended = int(attended_tokens[-1])
 
     def quiet_decisions(
         self, waiting: deque[Request], batch: DecodeBatch, kv: KvState, free_blocks: np.ndarray, disaggregated: bool

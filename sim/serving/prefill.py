@@ -1,6 +1,6 @@
 """Prefill, the replica's role before decode: a colocated prefill forward (chunked, FCFS) or a remote one.
 
-A mixin of :class:`~sim.serving.replica.Replica` (beside :class:`~sim.serving.skip_ahead.SkipAhead`), using its
+A mixin of :class:`~sim.serving.replica.Replica` (beside :class:`~sim.serving.decode.Decode`), using its
 clock, queue, batch, pools, admission, devices and recorder. ``serving.prefill``:
 
 - ``colocated``: the scheduler loop runs one prefill forward of at most ``chunked_prefill_tokens`` new tokens

@@ -7,11 +7,12 @@ One iteration of :meth:`Replica.run`:
    request that does not fit, like SGLang's ``PrefillAdder``). Who may join is the policy's admission
    object's decision (sim/serving/admission.py: device blocks plus a future-token reservation; host DRAM
    for offloaded requests; IO-adaptive admission also bounds predicted recall).
-2. **Else decode** the running batch, one token per request: allocate the new tokens' blocks (block growth,
-   sim/serving/decode_run.py ``grown_blocks``; preempting requests with the fewest generated tokens while the pool
-   is short, SGLang ``retract_decode``), ask the policy what the step costs, time it (sim/step/timing.py
-   ``run_step``), then apply what it leaves behind as a run of one (:meth:`Replica._apply_run`, the code that
-   applies a skip-ahead run): advance every request, record the step and finish those that are done.
+2. **Else decode** the running batch (sim/serving/decode.py, the :class:`~sim.serving.decode.Decode` mixin): a
+   skip-ahead run of steps when one qualifies, else one step, one token per request: allocate the new tokens'
+   blocks (preempting requests with the fewest generated tokens while the pool is short, SGLang
+   ``retract_decode``, :meth:`Replica._preempt`), build the step with the run builder (its cost from the policy,
+   its time from sim/step/timing.py), then apply what it leaves behind: advance every request, record the step and
+   finish those that are done.
 3. **Else sleep** until the next arrival.
 
 With ``serving.prefill: disaggregated`` step 1 changes: arrivals queue for a pool of remote prefill GPUs
@@ -25,7 +26,7 @@ Prefill (both modes) is the :class:`~sim.serving.prefill.Prefill` mixin (sim/ser
 the replica itself only schedules. Token bookkeeping is in sim/serving/request.py.
 
 Hot path: the decode batch is a struct of numpy arrays; per-step work is a handful of vectorised ops
-plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, sim/serving/skip_ahead.py) takes a
+plus an O(num_layers) pipeline recurrence. Skip-ahead (``run.skip_ahead``, sim/serving/decode.py) takes a
 skip-ahead run of decode steps in which nothing but the step index changes at once: no event of another process,
 no admission, finish or preemption before its last step (docs/design.md §13; tested equal to stepping).
 """
@@ -42,24 +43,22 @@ import numpy as np
 import simpy
 
 from sim.config import Scenario
-from sim.metrics.recorder import Recorder, add_in_order
-from sim.serving import decode_run
+from sim.metrics.recorder import Recorder
 from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
+from sim.serving.decode import Decode, offload_runs_possible
 from sim.serving.kv import KvState, device_pool_blocks
-from sim.serving.offload_run import offload_runs_possible
 from sim.serving.prefill import Prefill
 from sim.serving.prefix import PrefixCache
 from sim.serving.request import DecodeBatch, Request
-from sim.serving.skip_ahead import SkipAhead
 from sim.step.draws import RecallDraws
-from sim.step.timing import StepDevices, run_step
+from sim.step.timing import StepDevices
 
 if TYPE_CHECKING:
     from sim.policies.base import Policy
 
 
-class Replica(Prefill, SkipAhead):
+class Replica(Prefill, Decode):
     """One GPU replica serving requests with one policy.
 
     Args:
@@ -116,7 +115,7 @@ class Replica(Prefill, SkipAhead):
         self.next_event_s: Callable[[], float] = env.peek
         self.soft_event_s: Callable[[], float] = _never
         self.arrivals_ahead: ArrivalSchedule | None = None
-        # skip-ahead runs of recalling steps need an offload policy and kernels sim/serving/offload_run.py covers
+        # skip-ahead runs of recalling steps need an offload policy and kernels sim/serving/decode.py covers
         self.offload_runs = offload_runs_possible(policy, self.devices, self.skip_ahead)
         self.waiting: deque[Request] = deque()
         self.batch = DecodeBatch(policy.recall_state_width)
@@ -226,107 +225,7 @@ class Replica(Prefill, SkipAhead):
             else:
                 self._reject(req, verdict)
 
-    # ---- decode ----------------------------------------------------------------------------------
-    def _decode_step(self, extra_s: float = 0.0) -> Generator[simpy.Event, object, None]:
-        """One decode step, stepped: its blocks (evicting or preempting while the pool is short), its cost (the
-        policy) and its timing (sim/step/timing.py), then what it leaves behind, applied as a run of one.
-        ``extra_s``: GPU seconds of prefill chunks riding in the step (``serving.mixed_prefill``), added to its
-        host overhead before layer 0."""
-        env, b, pol, rec = self.env, self.batch, self.policy, self.rec
-        start = env.now
-        ctx, held, need = self._grow_or_preempt()
-        if self.swap_s > 0:  # retraction offloads and resume loads block the scheduler (synchronous copies)
-            swap_s, self.swap_s = self.swap_s, 0.0
-            yield from self.devices.run_forward(swap_s)
-        if not len(b):
-            return
-        free_hbm_bytes = self.kv.device.free * self.kv.block_bytes
-        cost = pol.step_cost(ctx[0], b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
-        recalls = cost.recall_s is not None or cost.interrupt is not None
-        intervals = rec.timeline_buffer() if recalls else None
-        overhead_s, host_s = pol.compute.step_overhead_s + extra_s, pol.compute.overlapped_host_s(len(b))
-        timing = yield from run_step(self.devices, cost, overhead_s, intervals, host_s)
-        run = decode_run.DecodeRun([start, env.now], [cost.attended_tokens], ctx[0], held[0], need.tolist())
-        stall = busy = gather = 0.0
-        if timing is not None:  # it recalled
-            stall, busy, gather = timing.stall_s, timing.link_busy_s, timing.gather_busy_s
-            groups = len(timing.layer_stall_s) // len(cost.layer_bytes)
-            layer_stall = np.asarray(timing.layer_stall_s).reshape(-1, groups).sum(axis=1)
-            run.recalled, run.layer_bytes, run.layer_stall_s = [0], cost.layer_bytes[None], layer_stall[None]
-            run.layer_fragments = cost.layer_fragments[None]
-            if intervals is not None:
-                rec.set_timeline(rec.next_step_id, groups, intervals)
-        if recalls or cost.recall_bytes or cost.num_fragments or cost.num_transfers or cost.selected_fragments:
-            run.recall = {
-                "recall_bytes": [cost.recall_bytes], "num_fragments": [cost.num_fragments],
-                "num_transfers": [cost.num_transfers], "selected_fragments": [cost.selected_fragments],
-                "stall_s": [stall], "link_busy_s": [busy], "gather_busy_s": [gather],
-            }  # fmt: skip
-        self._apply_run(run)
-
-    def _apply_run(self, run: decode_run.DecodeRun) -> None:
-        """What k ≥ 1 decode steps leave behind (a single step is a run of one; a skip-ahead run, sim/serving/
-        skip_ahead.py, has k ≥ 2), whose blocks are allocated already (a step's at its start, a run's before this):
-        the admission's feedback, the recorder's totals, per-layer records and step rows, the batch advanced, and
-        the requests that finished. (A run's recall state and link queues are left by ``OffloadedRun.commit``, a
-        step's by the policy's cost and ``run_step``.)"""
-        b, kv, rec = self.batch, self.kv, self.rec
-        k, times_s, attended, recall = run.steps, run.times_s, run.attended_tokens, run.recall
-        steps_s = [end - start for start, end in zip(times_s, times_s[1:])]
-        if recall is None:
-            self.admission.on_decode_run(steps_s, attended)
-        else:
-            busy = recall["link_busy_s"]
-            self.admission.on_decode_run(steps_s, attended, recall["stall_s"], busy)
-            rec.link_busy_s = add_in_order(rec.link_busy_s, busy)  # the totals add step by step
-            rec.gather_busy_s = add_in_order(rec.gather_busy_s, recall["gather_busy_s"])
-        if run.recalled is not None:
-            rec.recall_steps += len(run.recalled)
-            if rec.keep_steps:  # (per-layer records are kept with the step rows)
-                starts_s, ends_s = [times_s[i] for i in run.recalled], [times_s[i + 1] for i in run.recalled]
-                rec.add_layers(starts_s, ends_s, run.layer_bytes, run.layer_fragments, run.layer_stall_s)
-        allocated = run.allocated_blocks
-        before = kv.device.used - allocated[-1]
-        blocks_used = [before + blocks for blocks in allocated]  # after each step
-        hbm_bytes = [kv.fixed_hbm_bytes + used * kv.block_bytes for used in blocks_used]
-        b.ctx, b.blocks = run.ctx, run.blocks
-        b.generated += k
-        b.cold[:] = False
-        if self.debug:
-            self._check_invariants(hbm_bytes[-1])
-        rec.d2h_busy_s, rec.d2h_free_s = self.devices.d2h_busy_s, self.devices.d2h_free_s
-        rec.record_decode_run(
-            times_s[:-1], steps_s, len(b), np.count_nonzero(b.offloaded), attended, blocks_used, hbm_bytes,
-            kv.host.used, recall,
-        )  # fmt: skip
-        rec.decode_tokens += len(b) * k
-        self._finish_done()
-
-    def _finish_done(self) -> None:
-        """Finish the batch's requests that have generated all their output tokens."""
-        b = self.batch
-        finished = b.generated >= b.output
-        if np.count_nonzero(finished):
-            for r in b.remove(finished):
-                self._finish(r)
-
-    def _grow_or_preempt(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Allocate the blocks the next decode step needs, preempting requests while the pool is short (unreferenced
-        prefix-cache nodes are evicted before anyone is preempted); returns the step's block growth
-        (:func:`~sim.serving.decode_run.grown_blocks` of one step, over the requests left)."""
-        b = self.batch
-        while True:
-            ctx, held, need = decode_run.grown_blocks(self.policy, b, 1)
-            blocks = int(need[0])
-            if (
-                not len(b)
-                or self.kv.device.allocate(blocks)
-                or (self.kv.make_room(blocks) and self.kv.device.allocate(blocks))
-            ):
-                b.blocks = held[0]
-                return ctx, held, need
-            self._preempt()
-
+    # ---- decode (sim/serving/decode.py) ---------------------------------------------------------
     def _preempt(self) -> None:
         """Preempt one request as SGLang ``retract_decode``: fewest generated tokens first, then the longest prompt."""
         b = self.batch

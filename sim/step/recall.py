@@ -27,8 +27,9 @@ so H·k·q fragments of block_size × head_dim × 2 × dtype bytes move (SoloHea
 
 One definition over a step axis (docs/design.md §13): :meth:`RecallModel.run` computes k steps as
 [k, n_offloaded, num_layers] arrays in one pass (only the drift's AR(1) recurrence is iterated, sim/step/drift.py);
-:meth:`RecallModel.step` is a run of one. Draws come from one stream per kind (sim/step/draws.py) and are peeked;
-:meth:`RecallRun.commit` consumes those of the steps that ran. Oracle: tests/sim/oracles/recall.py.
+a single step is a run of one. Draws come from one stream per kind (sim/step/draws.py) and are peeked; the decode
+run's commit (sim/step/cost.py ``DecodeRun.commit``) consumes those of the steps taken. Oracle:
+tests/sim/oracles/recall.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.step.distributions import kumaraswamy_b
-from sim.step.draws import DrawStream, RecallDraws, as_draws
+from sim.step.draws import DrawStream, RecallDraws
 from sim.step.drift import drift_steps
 from sim.step.link import LinkModel
 from sim.step.shared_cache import lru_hits
@@ -47,8 +48,8 @@ from sim.step.shared_cache import lru_hits
 
 @dataclass(slots=True)
 class RecallRun:
-    """What k consecutive steps recall, per step, micro-batch group and layer, and how to commit the first j steps
-    (:meth:`RecallModel.run`; a single step is a run of one)."""
+    """What k consecutive steps recall, per step, micro-batch group and layer, and what committing the first j steps
+    takes (:meth:`RecallModel.run`; a single step is a run of one; ``DecodeRun.commit``)."""
 
     nbytes: np.ndarray  # int64 [k, G, L]
     fragments: np.ndarray  # int64 [k, G, L]
@@ -60,24 +61,6 @@ class RecallRun:
     # the state after each step: factors float [n, L] (None: unchanged, nobody joined), drift and steps of shift
     # left float [k, n]
     state: tuple[np.ndarray | None, np.ndarray, np.ndarray] | None = None
-
-    @classmethod
-    def empty(cls) -> RecallRun:
-        """A run with no arrays yet (filled by :meth:`RecallModel.run`)."""
-        return cls(_NO_CELLS, _NO_CELLS, None, _NO_STEPS)
-
-    def commit(self, steps: int, state: np.ndarray | None) -> None:
-        """Consume the draws of the first ``steps`` steps and write the requests' recall state after them into
-        ``state`` (float [n, state_width], in place; None when the model keeps none)."""
-        for stream, used in self.used:
-            stream.consume(used * steps if isinstance(used, int) else int(used[steps - 1]))
-        if self.state is not None and state is not None:
-            factors, drift, left = self.state
-            L = state.shape[1] - 2
-            if factors is not None:
-                state[:, :L] = factors
-            state[:, L] = drift[steps - 1]
-            state[:, L + 1] = left[steps - 1]
 
 
 _NO_CELLS = np.zeros((0, 0, 0), dtype=np.int64)  # the arrays of a run not computed yet
@@ -113,8 +96,10 @@ class RecallModel:
         self.returning = stats.returning_frac
         self.working_set_steps = stats.working_set_steps
         self.stats = stats
+        # whether any variation persists across steps (else draws are independent per cell, and no state)
+        self.structured = max(stats.request_sigma, stats.layer_sigma, stats.drift_sigma, stats.burst_prob) > 0
         self.drift_scale = float(np.sqrt(1.0 - stats.drift_corr**2))  # the drift's innovation scale
-        self._budget_miss: np.ndarray | None = None  # _buffer_miss of a request selecting the full budget, per layer
+        self._budget_miss: np.ndarray | None = None  # 1 − ρ·h of a request selecting the full budget, per layer
         if stats.working_set_ratio is not None:  # measured W / k (calibrate selection)
             self.working_growth = np.full(L, max(stats.working_set_ratio - 1.0, 1e-9))
         else:
@@ -124,22 +109,11 @@ class RecallModel:
         """Blocks outside the sink and recent window, per request (int64 [n])."""
         return np.maximum(ctx - self.window_tokens, 0) // self.block_size
 
-    def selected_blocks(self, ctx: np.ndarray) -> np.ndarray:
-        """Blocks selected per layer (per head for headwise) for each request (int64 [n])."""
-        n = self.offloaded_blocks(ctx)
-        return n if self.selection == "all" else np.minimum(n, self.budget_blocks)
-
     # ---- per-request state: persistent factors, drift, topic shifts -------------------------------
     @property
     def state_width(self) -> int:
         """Columns of the per-request recall state: L log-factors, the drift x, the steps of shift left."""
         return self.num_layers + 2
-
-    @property
-    def structured(self) -> bool:
-        """Whether any variation persists across steps (else draws are independent per cell, and no state)."""
-        st = self.stats
-        return st.request_sigma > 0 or st.layer_sigma > 0 or st.drift_sigma > 0 or st.burst_prob > 0
 
     def join_draws(self, m: int) -> int:
         """Normals :meth:`_join` takes from the ``join`` stream for ``m`` joining requests."""
@@ -163,18 +137,6 @@ class RecallModel:
         k = np.maximum(selected, 1)[..., None].astype(float)
         return np.clip((self.buffer_blocks - k) / (k * self.working_growth), 0.0, 1.0)
 
-    def _buffer_miss(self, selected: np.ndarray) -> np.ndarray:
-        """1 − ρ · :meth:`buffer_hit`: the share of a request's changed blocks its recall buffer misses, float
-        [..., n, L] for int [..., n], or float [L] when every request selects the full budget (the usual case: the
-        value of each of those cells, computed once per model; it broadcasts to the same numbers)."""
-        budget = self.budget_blocks
-        if selected.size and selected.min() == budget == selected.max():
-            row = self._budget_miss
-            if row is None:
-                row = self._budget_miss = (1.0 - self.returning * self.buffer_hit(np.array([budget])))[0]
-            return row
-        return 1.0 - self.returning * self.buffer_hit(selected)
-
     def shared_hit(self, selected: np.ndarray, capacity_fragments: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """One HBM recall cache per GPU, LRU over (request, layer, block): (hit fraction of the blocks a stream keeps
         from its previous selection, hit fraction of its returning blocks), float [...] each, for ``selected`` int
@@ -186,186 +148,109 @@ class RecallModel:
         growth = frags.sum(axis=-1) * float(self.working_growth.sum()) / self.working_set_steps  # G [...]
         return lru_hits(total, growth, capacity_fragments, self.working_set_steps)
 
-    def miss_frac(
-        self,
-        selected: np.ndarray,
-        cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        state: np.ndarray | None = None,
-        cache_fragments: float | None = None,
-    ) -> np.ndarray:
-        """Fraction of each request's selection to recall at one step, per layer: float [n, num_layers] (the
-        first step of :meth:`_miss_frac_run`, its draws consumed and ``state`` advanced in place).
-
-        Args:
-            selected: int64 [n] blocks selected per layer (per head for head-wise).
-            cold: bool [n], first step after (re)admission: everything is recalled, persistent factors are drawn.
-            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
-            state: float [n, state_width] per-request recall state (updated in place), or None for independent
-                draws.
-            cache_fragments: capacity of the shared recall cache in fragments, or None for per-request buffers.
-        """
-        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
-        out = RecallRun.empty()
-        q = self._miss_frac_run(selected[None, :], cold, as_draws(rng), state, cache, out)
-        out.commit(1, state)
-        return q[0]
-
-    def _miss_frac_run(
-        self,
-        selected: np.ndarray,
-        cold: np.ndarray,
-        draws: RecallDraws,
-        state: np.ndarray | None,
-        cache_fragments: np.ndarray | None,
-        out: RecallRun,
-    ) -> np.ndarray:
-        """Miss fractions of k steps, float [k, n, L] (draws peeked; the streams used and the state after each step
-        recorded in ``out``). ``selected``: int64 [k, n]; ``cache_fragments``: float64 [k] or None; the rest as
-        :meth:`miss_frac` (only step 0 can be cold)."""
-        k, n = selected.shape
-        L, st = self.num_layers, self.stats
-        if self.fixed_miss_frac is not None:
-            q = np.full((k, n, L), self.fixed_miss_frac)
-            q[0][cold] = 1.0
-            return q
-        u = draws.change.peek(k * n * L).reshape(k, n, L)
-        out.used.append((draws.change, n * L))
-        # Hot path: the Kumaraswamy inverse CDF (1 − (1 − u)^(1/b))^(1/a), each pass in place (the same operations)
-        change = 1.0 - u
-        change **= self.inv_b
-        np.subtract(1.0, change, out=change)
-        change **= self.inv_a
-        if self.selection == "headwise":
-            change *= st.headwise_miss_ratio
-        shifting = None
-        if state is not None and self.structured:
-            log_factor, shifting = self._advance_run(state, cold, draws, k, out)
-            change *= np.exp(log_factor, out=log_factor)
-        np.minimum(change, 1.0, out=change)
-        if cache_fragments is None:
-            q = change
-            q *= self._buffer_miss(selected)
-        else:
-            keep, back = self.shared_hit(selected, cache_fragments)  # float [k] each
-            keep, back = keep[:, None, None], back[:, None, None]
-            q = (1.0 - change) * (1.0 - keep) + change * (1.0 - self.returning * back)
-        if shifting is not None and np.count_nonzero(shifting):
-            q = np.where(shifting[:, :, None], np.maximum(q, st.burst_change_frac), q)
-        q[0][cold] = 1.0
-        return q
-
-    def _advance_run(
-        self, state: np.ndarray, cold: np.ndarray, draws: RecallDraws, k: int, out: RecallRun
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The joins (step 0) and k steps of drift and topic shifts: (log-factor float [k, n, L], shifting bool
-        [k, n]); ``state`` (float [n, state_width]) is read only, the state after each step is recorded in ``out``."""
-        st, L, n = self.stats, self.num_layers, len(state)
-        joins = bool(np.count_nonzero(cold))
-        work = state.copy() if joins else state  # read only unless someone joins
-        if joins:
-            count = self.join_draws(int(cold.sum()))
-            self._join(work, cold, draws.join.peek(count))
-            out.used.append((draws.join, np.full(k, count)))
-        z = draws.drift.peek(k * n).reshape(k, n)
-        out.used.append((draws.drift, n))
-        burst = st.burst_prob > 0
-        if burst:
-            starts = draws.burst.peek(k * n).reshape(k, n)
-            geometric = draws.geometric(1.0 / st.burst_steps)
-            lengths = geometric.peek(k * n).reshape(k, n).astype(np.float64)
-            out.used += [(draws.burst, n), (geometric, n)]
-        else:
-            starts = lengths = np.zeros((k, n))
-        drift, lefts, shifting = drift_steps(
-            work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, self.drift_scale,
-            st.burst_prob, burst,
-        )  # fmt: skip
-        out.state = (work[:, :L] if joins else None, drift, lefts)
-        log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None]
-        log_factor -= 0.5 * st.drift_sigma**2
-        return log_factor, shifting
-
-    def fresh_misses(
-        self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator | RecallDraws
-    ) -> np.ndarray | int:
-        """Fragments of the block that just left the recent window, recalled where a layer selects it, at one step
-        (int64 [n, L], or 0 where no block is fresh; draws consumed): :meth:`_fresh_run` of one step."""
-        out = RecallRun.empty()
-        fresh = self._fresh_run(ctx[None, :], cold, as_draws(rng), out)
-        out.commit(1, None)
-        if fresh is None:
-            return 0
-        misses = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
-        misses[fresh[0][0]] = fresh[1]
-        return misses
-
-    def _fresh_run(
-        self, ctx: np.ndarray, cold: np.ndarray, draws: RecallDraws, out: RecallRun
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Fresh-block misses of k steps: (the (step, request) cells with a fresh block, bool [k, n]; their misses
-        per layer in the cells' C order, int64 [cells, L]), or None where no block is fresh (draws peeked, the stream
-        used recorded in ``out``). Every ``block_size`` tokens a block leaves the window for the host; each layer
-        selects it at once with probability ``fresh_block_frac`` (each KV head on its own, head-wise) and, never
-        recalled before, it misses. ``ctx``: int64 [k, n]; ``cold``: bool [n] (step 0)."""
-        frac = self.stats.fresh_block_frac
-        if frac <= 0 or self.fixed_miss_frac is not None:
-            return None
-        w, bs, L = self.window_tokens, self.block_size, self.num_layers
-        fresh = (ctx > w) & ((ctx - w) % bs == 0)
-        fresh[0] &= ~cold
-        total = int(np.count_nonzero(fresh))
-        if not total:
-            return None
-        upto = np.cumsum(fresh.sum(axis=1))  # fresh blocks by the end of each step
-        stream = draws.binomial(self.heads, frac)
-        out.used.append((stream, upto * L))
-        return fresh, stream.peek(total * L).reshape(total, L)
-
     def run(
         self,
         ctx: np.ndarray,
         cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
+        draws: RecallDraws,
         groups: np.ndarray | None = None,
         num_groups: int = 1,
         state: np.ndarray | None = None,
         cache_fragments: np.ndarray | None = None,
     ) -> RecallRun:
         """Recall of k consecutive steps of the same offloaded requests, draws peeked, not consumed
-        (:meth:`RecallRun.commit` consumes those of the steps that ran); step t's numbers are what t + 1 committed
-        runs of one step give (each kind of draw has its own stream, sim/step/draws.py).
+        (sim/step/cost.py ``DecodeRun.commit`` consumes those of the steps taken); step t's numbers are what t + 1
+        committed runs of one step give (each kind of draw has its own stream, sim/step/draws.py). The module
+        docstring's formulas, in order: the selection, the change draws (Kumaraswamy), the persistent factors, drift
+        and topic shifts (``state``), the buffer's or the shared cache's hits, the unbiased rounding and the fresh
+        block.
 
         Args:
             ctx: int64 [k, n], KV tokens each offloaded request attends at each step.
-            cold: bool [n], recall buffer empty (first step after admission; only step 0 can be cold).
-            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
+            cold: bool [n], recall buffer empty (first step after admission; only step 0 can be cold: everything is
+                recalled, persistent factors are drawn).
+            draws: the replica's draw streams (sim/step/draws.py).
             groups: int [n] micro-batch group of each request (None: all in group 0).
             num_groups: G.
-            state: float [n, state_width] per-request recall state before the run (read only; see
-                :meth:`miss_frac`), or None.
+            state: float [n, state_width] per-request recall state before the run (read only; L log-factors, the
+                drift, the steps of shift left), or None for independent draws.
             cache_fragments: float64 [k] shared recall cache capacity per step in fragments, or None (per-request
                 buffers).
         """
         k, n = ctx.shape
-        L, G = self.num_layers, num_groups
-        selected = self.selected_blocks(ctx)  # int64 [k, n]
+        L, G, st = self.num_layers, num_groups, self.stats
+        selected = self.offloaded_blocks(ctx)  # int64 [k, n] blocks selected per layer (per head for head-wise)
         gid = np.zeros(n, dtype=np.int64) if groups is None else groups
         if self.selection == "all":  # no draws: every offloaded block, one contiguous fragment per (request, layer)
             cell = (np.arange(k)[:, None] * G + gid).ravel()  # (step, group) of each (step, request), flat
-
-            def per_group(x: np.ndarray | None) -> np.ndarray:  # Σ over each group's requests in request order
-                return np.bincount(cell, None if x is None else x.ravel(), k * G).reshape(k, G)
-
+            # Σ over each group's requests in request order
             copy_s = self.link.copies_s(selected * self.block_bytes_layer)  # one contiguous copy per request,
-            contiguous = per_group(np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0))  # ≥ a call's cost
-            nbytes = per_group(selected).astype(np.int64) * self.block_bytes_layer
+            weights = np.where(copy_s > 0, np.maximum(copy_s, self.link.call_s), 0.0).ravel()  # ≥ a call's cost
+            contiguous = np.bincount(cell, weights, k * G).reshape(k, G)
+            nbytes = np.bincount(cell, selected.ravel(), k * G).reshape(k, G).astype(np.int64) * self.block_bytes_layer
             frags = np.bincount(cell[selected.ravel() > 0], minlength=k * G).reshape(k, G)
             nbytes, frags = np.repeat(nbytes[:, :, None], L, axis=2), np.repeat(frags[:, :, None], L, axis=2)
             return RecallRun(nbytes, frags, contiguous, frags.sum(axis=(1, 2)))
-        out = RecallRun.empty()
-        draws = as_draws(rng)
-        q = self._miss_frac_run(selected, cold, draws, state, cache_fragments, out)
+        selected = np.minimum(selected, self.budget_blocks)
+        out = RecallRun(_NO_CELLS, _NO_CELLS, None, _NO_STEPS)  # (arrays filled below)
+        # miss fractions q, float [k, n, L]
+        if self.fixed_miss_frac is not None:
+            q = np.full((k, n, L), self.fixed_miss_frac)
+            q[0][cold] = 1.0
+        else:
+            u = draws.change.peek(k * n * L).reshape(k, n, L)
+            out.used.append((draws.change, n * L))
+            # Hot path: the Kumaraswamy inverse CDF (1 − (1 − u)^(1/b))^(1/a), each pass in place (the same operations)
+            change = 1.0 - u
+            change **= self.inv_b
+            np.subtract(1.0, change, out=change)
+            change **= self.inv_a
+            if self.selection == "headwise":
+                change *= st.headwise_miss_ratio
+            shifting = None
+            if state is not None and self.structured:  # the joins (step 0), then k steps of drift and topic shifts
+                joins = bool(np.count_nonzero(cold))
+                work = state.copy() if joins else state  # read only unless someone joins
+                if joins:
+                    count = self.join_draws(int(cold.sum()))
+                    self._join(work, cold, draws.join.peek(count))
+                    out.used.append((draws.join, np.full(k, count)))
+                z = draws.drift.peek(k * n).reshape(k, n)
+                out.used.append((draws.drift, n))
+                burst = st.burst_prob > 0
+                if burst:
+                    starts = draws.burst.peek(k * n).reshape(k, n)
+                    geometric = draws.geometric(1.0 / st.burst_steps)
+                    lengths = geometric.peek(k * n).reshape(k, n).astype(np.float64)
+                    out.used += [(draws.burst, n), (geometric, n)]
+                else:
+                    starts = lengths = np.zeros((k, n))
+                drift, lefts, shifting = drift_steps(
+                    work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, self.drift_scale,
+                    st.burst_prob, burst,
+                )  # fmt: skip
+                out.state = (work[:, :L] if joins else None, drift, lefts)
+                log_factor = work[:, :L][None, :, :] + st.drift_sigma * drift[:, :, None]
+                log_factor -= 0.5 * st.drift_sigma**2
+                change *= np.exp(log_factor, out=log_factor)
+            np.minimum(change, 1.0, out=change)
+            if cache_fragments is None:  # q = change · (1 − ρ · buffer_hit)
+                q = change
+                budget = self.budget_blocks
+                if selected.size and selected.min() == budget == selected.max():  # every request at the full budget
+                    row = self._budget_miss  # (the usual case: each cell's value, computed once per model)
+                    if row is None:
+                        row = self._budget_miss = (1.0 - self.returning * self.buffer_hit(np.array([budget])))[0]
+                    q *= row
+                else:
+                    q *= 1.0 - self.returning * self.buffer_hit(selected)
+            else:
+                keep, back = self.shared_hit(selected, cache_fragments)  # float [k] each
+                keep, back = keep[:, None, None], back[:, None, None]
+                q = (1.0 - change) * (1.0 - keep) + change * (1.0 - self.returning * back)
+            if shifting is not None and np.count_nonzero(shifting):
+                q = np.where(shifting[:, :, None], np.maximum(q, st.burst_change_frac), q)
+            q[0][cold] = 1.0
         rounding = draws.rounding.peek(k * n * L).reshape(k, n, L)
         out.used.append((draws.rounding, n * L))
         selected_fragments = selected * self.heads  # int64 [k, n]
@@ -373,13 +258,22 @@ class RecallModel:
         q *= cell  # (q is this run's own array) floor(cell · q + rounding), in place
         q += rounding
         missing = np.floor(q, out=q).astype(np.int64)  # <= cell, as q <= 1 and rounding < 1
-        fresh = self._fresh_run(ctx, cold, draws, out)
-        if fresh is not None:
-            # The fresh block is one of the cell's selected blocks: where every selected block misses already (q = 1:
-            # an empty shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls
-            # more than it selects.
-            missing[fresh[0]] += fresh[1]
-            np.minimum(missing, cell, out=missing)
+        # The fresh block: every block_size tokens a block leaves the window for the host; each layer selects it at
+        # once with probability fresh_block_frac (each KV head on its own, head-wise) and, never recalled before, it
+        # misses. It is one of the cell's selected blocks: where every selected block misses already (q = 1: an empty
+        # shared cache, a topic shift of change 1) it is recalled once, so a cell never recalls more than it selects.
+        frac = st.fresh_block_frac
+        if frac > 0 and self.fixed_miss_frac is None:
+            w, bs = self.window_tokens, self.block_size
+            fresh = (ctx > w) & ((ctx - w) % bs == 0)  # bool [k, n] the (step, request) cells with a fresh block
+            fresh[0] &= ~cold
+            total = int(np.count_nonzero(fresh))
+            if total:
+                upto = np.cumsum(fresh.sum(axis=1))  # fresh blocks by the end of each step
+                stream = draws.binomial(self.heads, frac)
+                out.used.append((stream, upto * L))
+                missing[fresh] += stream.peek(total * L).reshape(total, L)
+                np.minimum(missing, cell, out=missing)
         if G == 1:
             frags = missing.sum(axis=1)[:, None, :]
         else:
@@ -388,31 +282,6 @@ class RecallModel:
         out.fragments, out.nbytes = frags, frags * self.fragment_bytes
         out.selected_fragments = selected_fragments.sum(axis=1) * L
         return out
-
-    def step(
-        self,
-        ctx: np.ndarray,
-        cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        groups: np.ndarray | None = None,
-        num_groups: int = 1,
-        state: np.ndarray | None = None,
-        cache_fragments: float | None = None,
-    ) -> RecallRun:
-        """Recall of one step: :meth:`run` of one step, committed (draws consumed, ``state`` updated in place).
-
-        Args:
-            ctx: int64 [n], KV tokens of each offloaded request.
-            cache_fragments: shared recall cache capacity in fragments, or None (per-request buffers).
-            cold, rng, groups, num_groups, state: as :meth:`run`.
-
-        Returns:
-            the run of one step (arrays with a step axis of length 1).
-        """
-        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
-        run = self.run(ctx[None, :], cold, as_draws(rng), groups, num_groups, state, cache)
-        run.commit(1, state)
-        return run
 
     def expected_layer_fragments(self, cold: bool) -> float:
         """Expected fragments one offloaded request at the full budget recalls per layer and step (admission's

@@ -22,12 +22,12 @@ def test_breakdown_names_every_part_and_counts_the_steps_costed():
     out = _run("--case", "2x60", "--router", "least_tokens")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for part in ("offloaded step cost", "of which the recall model", "compiled layer pipeline", "applying runs",
+    for part in ("offloaded step cost", "of which the recall model", "timing runs (layer pipeline)", "applying runs",
                  "everything else", "the whole run"):  # fmt: skip
         assert part in text
     seconds = {}
     for line in text.splitlines():
-        m = re.match(r"\s*(offloaded step cost|compiled layer pipeline|applying runs|everything else|the whole run)"
+        m = re.match(r"\s*(offloaded step cost|timing runs \(layer pipeline\)|applying runs|everything else|the whole run)"
                      r"\s+(\d+|<NA>)\s+([\d.]+)", line)  # fmt: skip
         if m:
             seconds[m.group(1)] = float(m.group(3))

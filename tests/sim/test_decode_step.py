@@ -91,9 +91,9 @@ def test_block_growth_changed_in_one_place_changes_steps_and_runs(monkeypatch, c
 
 def test_step_rows_changed_in_one_place_change_steps_and_runs(monkeypatch, counted):
     def mutant(real):
-        def record_decode_run(self, start_s, duration_s, batch_size, num_offloaded, attended_tokens, *rest):
-            attended_tokens = [a + 1 for a in attended_tokens]
-            return real(self, start_s, duration_s, batch_size, num_offloaded, attended_tokens, *rest)
+        def record_decode_run(self, run, *rest):
+            run.attended_tokens = run.attended_tokens + 1
+            return real(self, run, *rest)
 
         return record_decode_run
 

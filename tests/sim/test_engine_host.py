@@ -15,6 +15,7 @@ from sim.run import simulate
 from sim.step.compute import ComputeModel
 from sim.step.pipeline import host_bound_s, idle_step_s
 from sim.step.timing import StepDevices
+from tests.sim.oracles.steps import time_steps
 
 SHORT = [
     "model=llama-3.1-8b", "hardware=h100-sxm", "workload.trace=azure_conv_2023", "workload.max_requests=60",
@@ -91,15 +92,15 @@ def test_each_of_k_steps_lasts_at_least_the_overlapped_host_work(kernels):
     serial = 5e-5 + compute.sum(axis=1) + 1e-4  # overhead + layers + head
     host_s = float(serial[2])  # steps 0-2 host-bound (step 2 exactly), 3-5 GPU-bound
     devices = StepDevices(None, None, kernels)
-    idle = devices.time_steps(0.0, compute, np.zeros(k, bool), 5e-5, 1e-4, 0, host_s=host_s)
+    idle = time_steps(devices, 0.0, compute, np.zeros(k, bool), 5e-5, 1e-4, 0, host_s=host_s)
     assert idle.steps == k
     np.testing.assert_allclose(idle.step_s, np.maximum(serial, host_s), rtol=0, atol=1e-15)
     assert np.all(idle.step_s[:3] == host_s) and np.all(idle.step_s[3:] > host_s)
     # steps that recall (sequential pipeline): the same floor over their end + head
     link = np.full((k, layers), 5e-5)
-    recall = devices.time_steps(0.0, compute, np.ones(k, bool), 5e-5, 1e-4, 0, sequential=(link, 0 * link))
-    floored = devices.time_steps(
-        0.0, compute, np.ones(k, bool), 5e-5, 1e-4, 0, sequential=(link, 0 * link), host_s=host_s
+    recall = time_steps(devices, 0.0, compute, np.ones(k, bool), 5e-5, 1e-4, 0, sequential=(link, 0 * link))
+    floored = time_steps(
+        devices, 0.0, compute, np.ones(k, bool), 5e-5, 1e-4, 0, sequential=(link, 0 * link), host_s=host_s
     )
     np.testing.assert_allclose(floored.step_s, np.maximum(recall.step_s, host_s), rtol=0, atol=1e-15)
     assert floored.step_s[0] == host_s and floored.step_s[-1] == recall.step_s[-1]

@@ -1,5 +1,5 @@
 """Fleet scale (issue 34): behind a load-aware router an arrival cuts only the run of the replica it is routed to
-(sim/serving/skip_ahead.py ``cut_run``; with remote prefill at the end of its prefill), and a round-robin fleet's
+(sim/serving/decode.py ``Decode.cut_run``; with remote prefill at the end of its prefill), and a round-robin fleet's
 replicas run in worker processes (sim/serving/fleet_pool.py, ``run.workers``); both give the tables of stepping one
 decode step at a time in one environment, bit for bit."""
 
@@ -14,11 +14,10 @@ import pytest
 import simpy
 
 from sim.config import ScenarioError, load_scenario
-from sim.serving import skip_ahead
 from sim.serving.arrivals import ArrivalSchedule, delay_to, timeout_at
 from sim.serving.cluster import simulate_cluster
+from sim.serving.decode import Decode
 from sim.serving.fleet_pool import pool_size
-from sim.serving.offload_run import OffloadedRun
 from sim.workload import load_workload
 from tests.sim.test_skip_ahead import SHORT
 
@@ -31,7 +30,7 @@ def cuts(monkeypatch):
     after the arrival (``cuts["at_prefill_end"]``), cuts of a run already cut (``cuts["again"]``) and offloaded runs
     cut short (``cuts["offloaded"]``)."""
     counts = {"runs": 0, "at_prefill_end": 0, "again": 0, "offloaded": 0}
-    real_cut, real_offloaded = skip_ahead.SkipAhead.cut_run, OffloadedRun.cut
+    real_cut, real_apply = Decode.cut_run, Decode._apply_run
 
     def cut_run(self, req):
         times = self._run_times_s
@@ -42,12 +41,12 @@ def cuts(monkeypatch):
             counts["again"] += end < len(times) - 1
             counts["at_prefill_end"] += self._run_end > bisect_right(times, self.env.now)
 
-    def cut(self, steps, *args):
-        counts["offloaded"] += steps < self.run.steps
-        return real_offloaded(self, steps, *args)
+    def apply(self, run):  # a run of steps that recall, applied short of the steps it timed
+        counts["offloaded"] += run.recall_bytes is not None and run.steps < len(run.times_s) - 1
+        return real_apply(self, run)
 
-    monkeypatch.setattr(skip_ahead.SkipAhead, "cut_run", cut_run)
-    monkeypatch.setattr(OffloadedRun, "cut", cut)
+    monkeypatch.setattr(Decode, "cut_run", cut_run)
+    monkeypatch.setattr(Decode, "_apply_run", apply)
     return counts
 
 

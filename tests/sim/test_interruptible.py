@@ -9,8 +9,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.step.timing import StepDevices, StepsTiming
+from sim.step.timing import StepDevices
 from tests.sim.oracles.step_timing import jobs4
+from tests.sim.oracles.steps import StepsTiming, time_steps
 
 MB = 1e6
 # Three items (layers), look-ahead 2. Prefetches of items 0 and 1 are small; item 2's is large
@@ -31,7 +32,7 @@ def interruptible(t0, compute_s, prefetch, correction, lookahead, chunk_bytes, l
         pipes = {"sequential": (np.array([sequential]), np.zeros((1, len(sequential))))}
     else:
         pipes = {"jobs": (jobs4(prefetch)[None], jobs4(correction)[None])}
-    return devices.time_steps(
+    return time_steps(devices,
         t0, compute, np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead, chunk_bytes=chunk_bytes, record=record,
         **pipes,
     )  # fmt: skip

@@ -13,10 +13,10 @@ from sim.config import HardwareSpec, load_scenario
 from sim.config.loader import load_card
 from sim.policies import make_policy
 from sim.run import simulate
-from sim.step.cost import StepCost
 from sim.step.link import LinkModel
-from sim.step.timing import StepDevices, run_step
+from sim.step.timing import StepDevices
 from tests.sim.oracles.step_timing import jobs4, run_events
+from tests.sim.oracles.steps import StepCost, run_step, step_cost, time_steps
 
 KIB, MIB = 1024, 1024 * 1024
 times = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
@@ -36,7 +36,7 @@ def _one_step(t0, compute_s, link_free_s, recall_s=None, gather_s=None, prefetch
         pipes = {"sequential": (np.array([recall_s]), np.array([gather_s]))}
     else:
         pipes = {"jobs": (jobs4(prefetch)[None], jobs4(correction)[None])}
-    return devices.time_steps(t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead,
+    return time_steps(devices, t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, lookahead_items=lookahead,
                               chunk_bytes=chunk_bytes, **pipes)  # fmt: skip
 
 
@@ -95,7 +95,7 @@ def test_gather_threads_change_gather_time_not_link_busy():
         scn = load_scenario("default", ["run.progress=false", f"hardware.host_gather_threads={threads}"])
         pol = make_policy(scn, "pulseinfer")
         ctx = np.full(8, 30000)
-        cost = pol.step_cost(ctx, np.ones(8, bool), np.zeros(8, bool), np.random.default_rng(3))
+        cost = step_cost(pol, ctx, np.ones(8, bool), np.zeros(8, bool), np.random.default_rng(3))
         plans.append(cost.interrupt.prefetch)
     one, eight = (np.array(p) for p in plans)
     np.testing.assert_allclose(one[:, 2], eight[:, 2])  # copy seconds
@@ -146,7 +146,7 @@ def test_gpu_gather_costs_sm_time_and_no_host_gather(scheduling):
         scn = load_scenario(
             "default", [*base, "policy.pulseinfer.io=gpu_gather", f"hardware.gpu_gather_sm_frac={frac}"]
         )
-        costs[frac] = make_policy(scn, "pulseinfer").step_cost(ctx, off, cold, np.random.default_rng(1))
+        costs[frac] = step_cost(make_policy(scn, "pulseinfer"), ctx, off, cold, np.random.default_rng(1))
     assert sum(costs[0.3].compute_s) > sum(costs[0.0].compute_s)
     first = costs[0.3]
     if scheduling == "sequential":

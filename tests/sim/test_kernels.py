@@ -25,9 +25,9 @@ from sim.config import HardwareSpec
 from sim.config.loader import load_card
 from sim.run import simulate
 from sim.step import pipeline
-from sim.step.cost import StepCost
-from sim.step.timing import StepDevices, run_step
+from sim.step.timing import StepDevices
 from tests.sim.oracles.step_timing import Queues, step_reference
+from tests.sim.oracles.steps import StepCost, run_step, time_steps
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed: pip install -e '.[fast]'")
@@ -89,7 +89,7 @@ def _time(devices: StepDevices, now_s: float, steps: list[dict], kind: str, look
     elif kind == "sequential":
         zero = [0.0] * compute.shape[1]
         sequential = tuple(np.array([s.get(part, zero) for s in steps]) for part in ("recall_s", "gather_s"))
-    return devices.time_steps(
+    return time_steps(devices,
         now_s, compute, has_recall, overhead_s, head_s, steps[0]["d2h_bytes"], plan, lookahead, chunk_bytes,
         sequential, **kwargs,
     )  # fmt: skip
@@ -188,7 +188,7 @@ def test_release_lengthens_the_copy_share_of_present_jobs_only():
 def test_both_pipelines_at_once_are_refused():
     one = np.ones((1, 1))
     with pytest.raises(ValueError, match="not both"):
-        StepDevices(None).time_steps(0.0, one, np.ones(1, bool), 0.0, 0.0, 0, (np.zeros((1, 1, 4)),) * 2,
+        time_steps(StepDevices(None), 0.0, one, np.ones(1, bool), 0.0, 0.0, 0, (np.zeros((1, 1, 4)),) * 2,
                                      sequential=(one, one))  # fmt: skip
 
 
@@ -196,9 +196,9 @@ def test_both_pipelines_at_once_are_refused():
 def test_a_plan_whose_item_never_gets_its_recall_deadlocks_loudly(kernels):
     jobs = np.array([[[1e6, 1e-3, 1e-3, 0.0], [1e6, 1e-3, 1e-3, 0.0]]])
     devices = _devices(kernels, 0.0)
-    assert devices.time_steps(0.0, np.ones((1, 2)), np.ones(1, bool), 0.0, 0.0, 0, (jobs, jobs), 1, 1e6).steps == 1
+    assert time_steps(devices, 0.0, np.ones((1, 2)), np.ones(1, bool), 0.0, 0.0, 0, (jobs, jobs), 1, 1e6).steps == 1
     with pytest.raises(RuntimeError, match="deadlocked"):  # look-ahead 0: item 0's prefetch waits for item 0 to start
-        devices.time_steps(0.0, np.ones((1, 2)), np.ones(1, bool), 0.0, 0.0, 0, (jobs, jobs), 0, 1e6)
+        time_steps(devices, 0.0, np.ones((1, 2)), np.ones(1, bool), 0.0, 0.0, 0, (jobs, jobs), 0, 1e6)
 
 
 def test_a_change_to_the_pipeline_reaches_a_single_step_and_a_k_step_run(monkeypatch):
@@ -211,8 +211,15 @@ def test_a_change_to_the_pipeline_reaches_a_single_step_and_a_k_step_run(monkeyp
         env = simpy.Environment()
         devices = StepDevices(env, H200, "python")
         env.run(env.process(run_step(devices, cost, 1e-5)))
-        run = StepDevices(simpy.Environment(), H200, "python").time_steps(
-            0.0, compute, np.ones(3, bool), 1e-5, 2e-4, 0, sequential=(link, np.zeros((3, 4)))
+        run = time_steps(
+            StepDevices(simpy.Environment(), H200, "python"),
+            0.0,
+            compute,
+            np.ones(3, bool),
+            1e-5,
+            2e-4,
+            0,
+            sequential=(link, np.zeros((3, 4))),
         )
         return env.now, run.step_s.tolist()
 

@@ -1,4 +1,4 @@
-"""Skip-ahead over offloaded decode steps (sim/serving/offload_run.py) equals stepping one step at a time.
+"""Skip-ahead over offloaded decode steps (sim/serving/decode.py: runs of steps that recall) equals stepping.
 
 Whole runs with every request offloaded compare every table and the summary bit for bit with ``run.skip_ahead``
 on and off, over the mechanisms that make offloaded steps differ (per-request state, topic shifts, fresh blocks,
@@ -24,6 +24,7 @@ from sim.run import simulate
 from sim.serving.replica import Replica
 from sim.step.draws import RecallDraws
 from sim.step.drift import drift_steps, drift_steps_py
+from tests.sim.oracles.steps import commit_recall, recall_step
 from tests.sim.test_skip_ahead import SHORT, SMALL_POOL, _assert_equal
 
 ALL_OFFLOADED = ["policies=pulseinfer", "policy.pulseinfer.offload_threshold_tokens=16", "workload.max_requests=80"]
@@ -144,7 +145,9 @@ def test_recall_run_equals_steps(n, k, seed, burst, shared, headwise, cold_first
     expected = []
     for t in range(k):
         c = cache[t] if shared else None
-        rec = model.step(ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), stepped_draws, None, 1, state_ref, c)
+        rec = recall_step(
+            model, ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), stepped_draws, None, 1, state_ref, c
+        )
         expected.append((rec.fragments[0], rec.selected_fragments[0]))
     run = model.run(ctx, cold, run_draws, None, 1, state0.copy(), cache)
     for t, (frags, selected) in enumerate(expected):
@@ -152,11 +155,11 @@ def test_recall_run_equals_steps(n, k, seed, burst, shared, headwise, cold_first
         assert run.selected_fragments[t] == selected
     j = 1 + seed % k  # commit a prefix: the streams and the state stand where j steps leave them
     state_run = state0.copy()
-    run.commit(j, state_run)
+    commit_recall(run, j, state_run)
     replay_draws, state_replay = RecallDraws(np.random.default_rng(seed)), state0.copy()
     for t in range(j):
         c = cache[t] if shared else None
-        model.step(ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), replay_draws, None, 1, state_replay, c)
+        recall_step(model, ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), replay_draws, None, 1, state_replay, c)
     np.testing.assert_array_equal(state_run, state_replay)
     for name in ("change", "rounding", "burst", "join", "drift"):
         np.testing.assert_array_equal(getattr(run_draws, name).take(7), getattr(replay_draws, name).take(7))
@@ -175,11 +178,11 @@ def test_compiled_drift_equals_python(n, k, seed, burst):
 
 
 def test_kernels_preload_only_when_a_request_would_offload(monkeypatch):
-    import sim.serving.offload_run as offload_run
+    import sim.step.timing as timing
     from sim.serving.fleet import Fleet
 
     calls = []
-    monkeypatch.setattr(offload_run, "preload_kernels", lambda: calls.append(1))
+    monkeypatch.setattr(timing, "preload_kernels", lambda kernels: calls.append(1))
     scenario = load_scenario("default", ["policies=sglang,pulseinfer", "run.progress=false"])
     threshold = scenario.policy["pulseinfer"].offload_threshold_tokens
     Fleet(scenario, "sglang", 1).preload_kernels(np.array([threshold * 4]))  # dense policy: never
@@ -190,6 +193,6 @@ def test_kernels_preload_only_when_a_request_would_offload(monkeypatch):
 
 
 def test_preloaded_kernels_run():
-    from sim.serving.offload_run import preload_kernels
+    from sim.step.timing import preload_kernels
 
     preload_kernels()  # each kernel on a tiny input: no error, no state

@@ -1,7 +1,8 @@
 """One definition of each offloaded-step mechanism: a change made in one place reaches every step.
 
-Each test perturbs one mechanism where sim/ defines it (the compute term of the offloaded step cost,
-``OffloadServing.step_costs``; the recall model's change fraction, ``RecallModel.run``) and simulates a short
+Each test perturbs one mechanism where sim/ defines it (the layer compute of a step, ``ComputeModel.decode_layer_s``,
+which ``OffloadServing.step_costs`` charges; the recall buffer's hits, ``RecallModel.buffer_hit``, which
+``RecallModel.run`` reads) and simulates a short
 all-offloaded scenario twice: one step at a time (``run.skip_ahead=false``: every step is a run of one) and with
 skip-ahead (offloaded steps timed k at once). Both must see the change (their tables move from the unperturbed
 run) and still agree with each other bit for bit. A change made only in a second, per-step copy of a mechanism
@@ -10,12 +11,12 @@ would move the first and barely the second.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from sim import load_scenario
 from sim.policies.offload import OffloadServing
 from sim.run import simulate
+from sim.step.compute import ComputeModel
 from sim.step.recall import RecallModel
 from tests.sim.test_skip_ahead import _assert_equal
 
@@ -28,17 +29,17 @@ SMALL = [
 
 
 def _layer_s_doubled(real):
-    def layer_s(self, batch, attended, candidates):
-        return 2.0 * real(self, batch, attended, candidates)
+    def decode_layer_s(self, batch_size, attended_tokens):
+        return 2.0 * real(self, batch_size, attended_tokens)
 
-    return layer_s
+    return decode_layer_s
 
 
-def _change_raised(real):
-    def miss_frac_run(self, selected, cold, draws, state, cache_fragments, out):
-        return np.minimum(1.7 * real(self, selected, cold, draws, state, cache_fragments, out), 1.0)
+def _no_buffer_hits(real):
+    def buffer_hit(self, selected):
+        return 0.0 * real(self, selected)
 
-    return miss_frac_run
+    return buffer_hit
 
 
 def _run(skip_ahead: bool):
@@ -49,8 +50,8 @@ def _run(skip_ahead: bool):
 @pytest.mark.parametrize(
     ("owner", "name", "perturb", "column"),
     [
-        pytest.param(OffloadServing, "_layer_s", _layer_s_doubled, "duration_s", id="step-cost-compute"),
-        pytest.param(RecallModel, "_miss_frac_run", _change_raised, "recall_bytes", id="recall-change-fraction"),
+        pytest.param(ComputeModel, "decode_layer_s", _layer_s_doubled, "duration_s", id="step-cost-compute"),
+        pytest.param(RecallModel, "buffer_hit", _no_buffer_hits, "recall_bytes", id="recall-buffer-hit"),
     ],
 )
 def test_a_perturbed_mechanism_moves_one_step_and_k_step_runs_alike(monkeypatch, owner, name, perturb, column):

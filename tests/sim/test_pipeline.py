@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import ScenarioError, load_scenario
-from sim.step.timing import StepDevices, StepsTiming
+from sim.step.timing import StepDevices
 from tests.sim.oracles.step_timing import run_events
+from tests.sim.oracles.steps import StepsTiming, time_steps
 
 times = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
 
@@ -23,8 +24,15 @@ def sequential(t0: float, compute_s: list[float], recall_s: list[float], link_fr
     devices = StepDevices(simpy.Environment(), None, kernels)
     devices.link_free_s = link_free_s
     gather = gather_s if gather_s is not None else [0.0] * len(recall_s)
-    return devices.time_steps(
-        t0, np.array([compute_s]), np.ones(1, bool), 0.0, 0.0, 0, sequential=(np.array([recall_s]), np.array([gather]))
+    return time_steps(
+        devices,
+        t0,
+        np.array([compute_s]),
+        np.ones(1, bool),
+        0.0,
+        0.0,
+        0,
+        sequential=(np.array([recall_s]), np.array([gather])),
     )
 
 

@@ -14,6 +14,8 @@ from sim.run import simulate_policy
 from sim.step.compute import ComputeModel
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
+from tests.sim.oracles.recall import miss_frac
+from tests.sim.oracles.steps import recall_step, step_cost
 
 COMPUTE = {
     "model": "qwen3-14b",
@@ -100,8 +102,8 @@ def test_selection_profile_replaces_summary_tokens(tmp_path):
     ctx = np.array([20_000, 40_000])
     offloaded = np.array([True, True])
     cold = np.zeros(2, dtype=bool)
-    a = make_policy(with_sel, "pulseinfer").step_cost(ctx, offloaded, cold, np.random.default_rng(0))
-    b = make_policy(without, "pulseinfer").step_cost(ctx, offloaded, cold, np.random.default_rng(0))
+    a = step_cost(make_policy(with_sel, "pulseinfer"), ctx, offloaded, cold, np.random.default_rng(0))
+    b = step_cost(make_policy(without, "pulseinfer"), ctx, offloaded, cold, np.random.default_rng(0))
     pol = with_sel.policy["pulseinfer"]
     sparse = pol.sink_tokens + pol.recent_tokens + pol.budget_tokens
     candidates = ((ctx - pol.sink_tokens - pol.recent_tokens) // pol.block_size).sum()
@@ -122,8 +124,8 @@ def test_inline_io_adds_recall_to_each_layer(tmp_path):
     open(profile, "w").write(yaml.safe_dump(data))
     inline = _scenario(tmp_path, profile, overrides=["policy.pulseinfer.scheduling=sequential"])
     ctx, offloaded, cold = np.array([30_000, 50_000]), np.array([True, True]), np.array([True, False])
-    a = make_policy(overlap, "pulseinfer").step_cost(ctx, offloaded, cold, np.random.default_rng(7))
-    b = make_policy(inline, "pulseinfer").step_cost(ctx, offloaded, cold, np.random.default_rng(7))
+    a = step_cost(make_policy(overlap, "pulseinfer"), ctx, offloaded, cold, np.random.default_rng(7))
+    b = step_cost(make_policy(inline, "pulseinfer"), ctx, offloaded, cold, np.random.default_rng(7))
     assert a.recall_s is not None and b.recall_s is None and b.gather_s is None
     eager_s = overlap.policy["pulseinfer"].eager_launch_us_per_layer * 1e-6  # the GPU's recalling step runs eagerly
     expected = np.array(a.compute_s) - eager_s + np.array(a.recall_s) + np.array(a.gather_s)
@@ -168,7 +170,7 @@ def test_recall_bytes_follow_profile_miss_fractions(tmp_path, level):
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
     n = 4000
     ctx = np.full(n, 100_007)  # off a block boundary: no block is leaving the recent window (no fresh-block misses)
-    rec = recall.step(ctx, np.zeros(n, dtype=bool), np.random.default_rng(0))
+    rec = recall_step(recall, ctx, np.zeros(n, dtype=bool), np.random.default_rng(0))
     selected = pol.budget_tokens // pol.block_size
     per_layer = rec.fragments[0] / (n * selected)  # measured miss fraction per layer
     depth = np.linspace(0, 1, scenario.model.num_layers)
@@ -225,12 +227,12 @@ def test_measured_working_set_ratio_sets_the_buffer_hit(tmp_path):
     scenario = _scenario(tmp_path, _profile(tmp_path, recall_stats=stats))
     pol = scenario.policy["pulseinfer"].model_copy(update={"recall_buffer_blocks": 2 * 128, "budget_tokens": 2048})
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
-    q = recall.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q = miss_frac(recall, np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q.mean() == pytest.approx(0.2 * (1 - 0.8), rel=0.03)
     assumed = RecallModel(
         scenario.model, pol, scenario.recall_stats.model_copy(update={"working_set_ratio": None}), recall.link
     )
-    q_assumed = assumed.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q_assumed = miss_frac(assumed, np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q_assumed.mean() > q.mean() * 1.3  # the assumed W = k (1 + 12 · 0.2) = 3.4 k overflows a 2k buffer
 
 

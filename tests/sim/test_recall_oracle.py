@@ -13,6 +13,7 @@ from sim import load_scenario
 from sim.policies import make_policy
 from sim.step.draws import RecallDraws
 from tests.sim.oracles import offload_cost, recall
+from tests.sim.oracles.steps import recall_step, step_cost
 
 STREAMS = ("change", "rounding", "burst", "join", "drift")
 
@@ -49,7 +50,9 @@ def test_recall_model_equals_its_per_step_oracle(n, groups, seed, selection, cac
     draws, draws_ref = RecallDraws(np.random.default_rng(seed)), RecallDraws(np.random.default_rng(seed))
     for t in range(4):
         capacity = None if cache == "buffer" else (1.0 if cache == "thrash" else float(rng.uniform(0.0, 4e4)))
-        got = model.step(ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws, gid, groups, state, capacity)
+        got = recall_step(
+            model, ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws, gid, groups, state, capacity
+        )
         nbytes, frags, contiguous, selected = recall.step(
             model, ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws_ref, gid, groups, state_ref, capacity
         )
@@ -98,7 +101,7 @@ def test_step_cost_equals_its_per_step_oracle(case, n, seed):
     for t in range(3):
         free = int(rng.integers(0, 2**34))
         c = cold if t == 0 else np.zeros(n, dtype=bool)
-        got = pol.step_cost(ctx + t, offloaded, c, draws, state, free)
+        got = step_cost(pol, ctx + t, offloaded, c, draws, state, free)
         want = offload_cost.step_cost(pol, ctx + t, offloaded, c, draws_ref, state_ref, free)
         for field in want.__slots__:
             a, b = getattr(got, field), getattr(want, field)

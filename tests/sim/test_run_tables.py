@@ -35,6 +35,7 @@ from sim.run import simulate, simulate_policy
 from sim.serving.cluster import simulate_cluster
 from sim.serving.request import Request
 from sim.workload import load_workload
+from tests.sim.oracles.steps import recorded_run
 
 # 30 Mooncake requests, colocated prefill (prefill and decode rows), every policy kind of the default scenario.
 SMALL = ["workload.max_requests=30", "serving.prefill=colocated", "run.progress=false"]
@@ -51,10 +52,11 @@ def _reference_recording(rows: list):
              0.0, 0.0, 0.0, blocks_used, hbm_bytes, host_bytes, 0)
         )  # fmt: skip
 
-    def decode(self, start_s, duration_s, batch_size, num_offloaded, attended, blocks_used, hbm_bytes, host_bytes,
-               recall=None):  # fmt: skip
-        for i in range(len(start_s)):
-            r = {name: recall[name][i] for name in RECALL_COLUMNS} if recall is not None else None
+    def decode(self, run, times_s, steps_s, batch_size, num_offloaded, blocks_used, hbm_bytes, host_bytes):
+        start_s, duration_s, attended = times_s[:-1], steps_s, run.attended_tokens
+        for i in range(run.steps):
+            recall = run.recall_bytes is not None
+            r = {name: getattr(run, name)[i] for name in RECALL_COLUMNS} if recall else None
             ints = (0, 0, 0, 0) if r is None else tuple(int(r[c]) for c in INT_RECALL)
             floats = (0.0, 0.0, 0.0) if r is None else tuple(float(r[c]) for c in FLOAT_RECALL)
             rows.append(
@@ -65,6 +67,7 @@ def _reference_recording(rows: list):
     return prefill, decode
 
 
+ONE = np.ones(1, np.int64)
 INT_RECALL = ("recall_bytes", "num_fragments", "num_transfers", "selected_fragments")
 FLOAT_RECALL = ("stall_s", "link_busy_s", "gather_busy_s")
 
@@ -176,8 +179,8 @@ def test_summary_only_recorder_keeps_no_step_rows():
     scenario = load_scenario("default", [*SMALL, "run.tables=summary", "policies=pulseinfer"])
     rec = Recorder(scenario.model.num_layers, keep_steps=False)
     rec.record_prefill(0.0, 1.0, 1, 0, 100, (5, 10, 0))
-    recall = {name: [0] for name in INT_RECALL} | {"stall_s": [0.25], "link_busy_s": [0.0], "gather_busy_s": [0.0]}
-    rec.record_decode_run([1.0], [0.5], 2, 1, [9], [7], [10], 0, recall)
+    run = recorded_run(1, [0.25], [9])
+    rec.record_decode_run(run, np.array([1.0, 1.5]), np.array([0.5]), 2, 1, np.array([7]), np.array([10]), 0)
     assert rec.totals.num_steps == 2 and rec.totals.peak_kv_used_blocks == 7
     assert rec.totals.decode_time_s == 0.5 and rec.totals.prefill_time_s == 1.0 and rec.totals.decode_stall_s == 0.25
     assert all(len(column) == 0 for column in rec._columns.values())
@@ -193,17 +196,16 @@ def test_summary_totals_add_step_by_step_in_constant_memory():
     one, runs = Recorder(4, keep_steps=False), Recorder(4, keep_steps=False)
     total_s = stall_s = 0.0
     for i in range(1000):
-        recall = {name: [0] for name in INT_RECALL} | {"stall_s": [stalls[i]], "link_busy_s": [0.0]}
-        one.record_decode_run([0.0], [durations[i]], 1, 1, [0], [1], [1], 0, recall | {"gather_busy_s": [0.0]})
+        one.record_decode_run(recorded_run(1, [stalls[i]]), np.zeros(2), np.array([durations[i]]), 1, 1, ONE, ONE, 0)
         total_s += durations[i]
         stall_s += stalls[i]
     size = len(pickle.dumps(one.totals))
     cuts = [0, 1, 3, 200, 201, 640, 1000]  # runs of 1, 2, 197, 1, 439 and 360 steps
     for a, b in zip(cuts, cuts[1:]):
         k = b - a
-        recall = {name: [0] * k for name in INT_RECALL} | {"stall_s": stalls[a:b], "link_busy_s": [0.0] * k}
-        runs.record_decode_run([0.0] * k, durations[a:b], 1, 1, [0] * k, [1] * k, [1] * k, 0,
-                               recall | {"gather_busy_s": [0.0] * k})  # fmt: skip
+        ones = np.ones(k, np.int64)
+        runs.record_decode_run(recorded_run(k, stalls[a:b]), np.zeros(k + 1), np.array(durations[a:b]), 1, 1, ones,
+                               ones, 0)  # fmt: skip
     assert one.totals == runs.totals
     assert (one.totals.decode_time_s, one.totals.decode_stall_s) == (total_s, stall_s)  # a loop of +=, bit for bit
     assert len(pickle.dumps(runs.totals)) == size  # nothing grew with the steps

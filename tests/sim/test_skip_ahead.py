@@ -340,8 +340,27 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     """An arrival that only queues a request (colocated): with nobody queued the run ends with the step the arrival
     falls in, and before a step that ends exactly at it; behind a queued head that cannot join it ends nothing,
     but the run still never ends exactly at an arrival."""
+    import simpy
+
+    from sim.metrics.recorder import Recorder
     from sim.serving.arrivals import ArrivalSchedule
-    from sim.serving.decode_run import next_decode_run
+    from sim.serving.decode import Decode
+    from sim.serving.decode_run import MAX_RUN_STEPS
+    from sim.step.timing import StepDevices
+
+    def next_decode_run(pol, batch, kv, waiting, arrivals=None):  # the run builder, on a replica of just these
+        replica = Decode()
+        replica.env, replica.batch, replica.policy, replica.kv, replica.waiting = (
+            simpy.Environment(),
+            batch,
+            pol,
+            kv,
+            waiting,
+        )
+        replica.rec, replica.devices, replica.draws = Recorder(pol.compute.num_layers), StepDevices(replica.env), None
+        replica.disaggregated, replica.offload_runs, replica.arrivals_ahead = False, False, arrivals
+        replica.next_event_s = replica.soft_event_s = lambda: np.inf
+        return replica._next_run(MAX_RUN_STEPS)
 
     scenario = load_scenario("default", [*SHORT, "policies=sglang"])
     pol = make_policy(scenario, "sglang")
@@ -349,13 +368,13 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     batch.add([Request(i, 0.0, 500 + 100 * i, 200, 1, 500 + 100 * i, device_blocks=40) for i in range(4)])
     kv = KvState(10**6, 2**50, pol.block_size * pol.model.kv_bytes_per_token, 0)
     kv.device.used = int(batch.blocks.sum())
-    free_run = next_decode_run(pol, batch, kv, deque(), False, 0.0, np.inf)
+    free_run = next_decode_run(pol, batch, kv, deque())
     times, last = free_run.times_s, free_run.steps  # the steps' ends with no event at all
     assert last > 6
 
     def steps_with(*arrivals_s: float, waiting=()) -> int:
         schedule = ArrivalSchedule(arrivals_s, 0.0)
-        run = next_decode_run(pol, batch, kv, deque(waiting), False, 0.0, np.inf, schedule)
+        run = next_decode_run(pol, batch, kv, deque(waiting), schedule)
         np.testing.assert_array_equal(run.times_s, times[: run.steps + 1])  # the same steps, cut
         return run.steps
 

@@ -3,7 +3,7 @@ before a step became a run of one — its block growth (allocate the next token'
 short), what it leaves behind (batch, admission feedback, recorder totals, per-layer records) and its step row
 (the previous ``Recorder.record_step``, appending one row to the recorder's column arrays).
 
-sim/ defines these once over a step axis (``grown_blocks``, ``Replica._apply_run``, ``Recorder.record_decode_run``;
+sim/ defines these once over a step axis (``grown_blocks``, ``Decode._apply_run``, ``Recorder.record_decode_run``;
 a single step is a run of one). tests/sim/test_decode_step.py runs whole simulations with this step in place
 of ``Replica._decode_step`` and checks every table equal, bit for bit."""
 
@@ -16,8 +16,7 @@ import simpy
 
 from sim.metrics.recorder import Recorder
 from sim.serving.replica import Replica
-from sim.step.cost import StepCost
-from sim.step.timing import run_step
+from tests.sim.oracles.steps import StepCost, run_step, step_cost
 
 
 def decode_step(self: Replica) -> Generator[simpy.Event, object, None]:
@@ -32,9 +31,9 @@ def decode_step(self: Replica) -> Generator[simpy.Event, object, None]:
         return
     ctx = b.ctx + 1
     free_hbm_bytes = self.kv.device.free * self.kv.block_bytes
-    cost = pol.step_cost(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
+    cost = step_cost(pol, ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
     recalls = cost.recall_s is not None or cost.interrupt is not None
-    intervals = rec.timeline_buffer() if recalls else None
+    intervals = [] if recalls and rec.recall_steps + 1 in (1, rec.timeline_step) else None
     host_s = pol.compute.overlapped_host_s(len(b))
     timing = yield from run_step(self.devices, cost, pol.compute.step_overhead_s, intervals, host_s)
     stall = busy = gather = 0.0
@@ -60,7 +59,10 @@ def decode_step(self: Replica) -> Generator[simpy.Event, object, None]:
     state = (kv.device.used, hbm, kv.host.used)
     _record_step(rec, start, env.now, len(b), int(np.count_nonzero(b.offloaded)), cost, stall, busy, state, gather)
     rec.decode_tokens += len(b)
-    self._finish_done()
+    finished = b.generated >= b.output
+    if np.count_nonzero(finished):
+        for r in b.remove(finished):
+            self._finish(r)
 
 
 def _grow_or_preempt(self: Replica) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.policies.offload import OffloadServing
-from sim.step.cost import InterruptJobs, StepCost
 from tests.sim.oracles import recall as recall_oracle
+from tests.sim.oracles.steps import InterruptJobs, StepCost
 
 
 def _layer_s(pol: OffloadServing, batch: int, attended: int) -> float:

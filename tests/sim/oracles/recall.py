@@ -11,6 +11,13 @@ from sim.step.draws import RecallDraws, as_draws
 from sim.step.recall import RecallModel
 
 
+def selected_blocks(model: RecallModel, ctx: np.ndarray) -> np.ndarray:
+    """Blocks selected per layer (per head for headwise) for each request (int64 [n]): every offloaded block for
+    ``selection: all``, else at most the budget."""
+    n = model.offloaded_blocks(ctx)
+    return n if model.selection == "all" else np.minimum(n, model.budget_blocks)
+
+
 def join(model: RecallModel, state: np.ndarray, rows: np.ndarray, z: np.ndarray) -> None:
     """Persistent factors of the requests in ``rows`` (bool [n]) that just joined, from normals ``z``."""
     st, L, m = model.stats, model.num_layers, int(rows.sum())
@@ -82,7 +89,7 @@ def fresh_misses(model: RecallModel, ctx, cold, rng) -> np.ndarray | int:
 def step(model: RecallModel, ctx, cold, rng, groups=None, num_groups=1, state=None, cache_fragments=None):
     """One step's recall: (nbytes int64 [G, L], fragments int64 [G, L], contiguous seconds float [G] or None,
     selected fragments int); draws taken from ``rng``, ``state`` advanced in place."""
-    selected = model.selected_blocks(ctx)
+    selected = selected_blocks(model, ctx)
     L, G = model.num_layers, num_groups
     gid = np.zeros(len(ctx), dtype=np.int64) if groups is None else groups
     if model.selection == "all":
