@@ -5,9 +5,9 @@ identical is checked by running this before and after (or in two worktrees) and 
     python scripts/fingerprints.py --compare a.json b.json  # which tables moved
 
 Runs (each policy of each run gives a requests table, and a steps table where the run keeps one; summary values are
-fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2 (remote and colocated prefill), the SGLang
-HiCache preset (colocated),
-skip-ahead off on a short sample, and three-replica fleets behind both routers.
+fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2 (remote and colocated
+prefill), the SGLang HiCache preset (colocated), skip-ahead off on a short sample, and three-replica fleets behind
+both routers.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         before, after = (json.loads(p.read_text()) for p in args.compare)
         common = before.keys() & after.keys()
         moved = sorted(k for k in common if before[k] != after[k])
-        print(f"{len(common) - len(moved)} identical, {len(moved)} moved, {len(before.keys() ^ after.keys())} in one only")
+        only = len(before.keys() ^ after.keys())
+        print(f"{len(common) - len(moved)} identical, {len(moved)} moved, {only} in one only")
         for k in moved:
             print(f"  {k}: {before.get(k)} -> {after.get(k)}")
         return 0

@@ -2,10 +2,11 @@
 ``scripts/bench_fleet.py``'s workload, with the per-step parts wrapped and timed.
 
 The parts: the offloaded step cost (``OffloadServing.step_costs``, the recall model included), the recall model
-alone (``RecallModel.run``), timing runs (``StepDevices.time_run``: the compiled layer pipeline, or a recall-free run's
-steps in Python) and applying runs (``Decode._apply_run``); "everything else" is the rest of the wall time (the event loop, routing, prefill,
-admission, tables). Also counted: runs costed, steps costed and (step, request, layer) cells. The wrappers add
-~1 µs a call; shares, not absolute seconds, carry from one machine to another. One process (``run.workers=1``).
+alone (``RecallModel.run``), timing runs (``StepDevices.time_run``: the compiled layer pipeline, or a recall-free
+run's steps in Python) and applying runs (``Decode._apply_run``); "everything else" is the rest of the wall time (the
+event loop, routing, prefill, admission, tables). Also counted: runs costed, steps costed and (step, request, layer)
+cells. The wrappers add ~1 µs a call; shares, not absolute seconds, carry from one machine to another. One process
+(``run.workers=1``).
 
 Example:
     python scripts/profile_fleet.py --case 16x20000 --router least_tokens

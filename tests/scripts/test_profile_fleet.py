@@ -27,8 +27,8 @@ def test_breakdown_names_every_part_and_counts_the_steps_costed():
         assert part in text
     seconds = {}
     for line in text.splitlines():
-        m = re.match(r"\s*(offloaded step cost|timing runs \(layer pipeline\)|applying runs|everything else|the whole run)"
-                     r"\s+(\d+|<NA>)\s+([\d.]+)", line)  # fmt: skip
+        parts = r"offloaded step cost|timing runs \(layer pipeline\)|applying runs|everything else|the whole run"
+        m = re.match(rf"\s*({parts})\s+(\d+|<NA>)\s+([\d.]+)", line)
         if m:
             seconds[m.group(1)] = float(m.group(3))
     assert len(seconds) == 5
