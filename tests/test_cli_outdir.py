@@ -345,7 +345,7 @@ def test_a_signal_during_the_renames_is_delivered_after_them():
     import os
     import signal
 
-    from sim.workers import signals_held
+    from workers import signals_held
 
     delivered: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: delivered.append("handler"))
