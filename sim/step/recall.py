@@ -27,7 +27,7 @@ so H·k·q fragments of block_size × head_dim × 2 × dtype bytes move (SoloHea
 
 One definition over a step axis (docs/design.md §13): :meth:`RecallModel.run` computes k steps as
 [k, n_offloaded, num_layers] arrays in one pass (only the drift's AR(1) recurrence is iterated, sim/step/drift.py);
-:meth:`RecallModel.step` is a run of one. Draws come from one stream per kind (sim/step/draws.py) and are peeked;
+a single step is a run of one. Draws come from one stream per kind (sim/step/draws.py) and are peeked;
 :meth:`RecallRun.commit` consumes those of the steps that ran. Oracle: tests/sim/oracles/recall.py.
 """
 
@@ -186,31 +186,6 @@ class RecallModel:
         growth = frags.sum(axis=-1) * float(self.working_growth.sum()) / self.working_set_steps  # G [...]
         return lru_hits(total, growth, capacity_fragments, self.working_set_steps)
 
-    def miss_frac(
-        self,
-        selected: np.ndarray,
-        cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        state: np.ndarray | None = None,
-        cache_fragments: float | None = None,
-    ) -> np.ndarray:
-        """Fraction of each request's selection to recall at one step, per layer: float [n, num_layers] (the
-        first step of :meth:`_miss_frac_run`, its draws consumed and ``state`` advanced in place).
-
-        Args:
-            selected: int64 [n] blocks selected per layer (per head for head-wise).
-            cold: bool [n], first step after (re)admission: everything is recalled, persistent factors are drawn.
-            rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
-            state: float [n, state_width] per-request recall state (updated in place), or None for independent
-                draws.
-            cache_fragments: capacity of the shared recall cache in fragments, or None for per-request buffers.
-        """
-        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
-        out = RecallRun.empty()
-        q = self._miss_frac_run(selected[None, :], cold, as_draws(rng), state, cache, out)
-        out.commit(1, state)
-        return q[0]
-
     def _miss_frac_run(
         self,
         selected: np.ndarray,
@@ -222,7 +197,7 @@ class RecallModel:
     ) -> np.ndarray:
         """Miss fractions of k steps, float [k, n, L] (draws peeked; the streams used and the state after each step
         recorded in ``out``). ``selected``: int64 [k, n]; ``cache_fragments``: float64 [k] or None; the rest as
-        :meth:`miss_frac` (only step 0 can be cold)."""
+        :meth:`run` (only step 0 can be cold)."""
         k, n = selected.shape
         L, st = self.num_layers, self.stats
         if self.fixed_miss_frac is not None:
@@ -286,20 +261,6 @@ class RecallModel:
         log_factor -= 0.5 * st.drift_sigma**2
         return log_factor, shifting
 
-    def fresh_misses(
-        self, ctx: np.ndarray, cold: np.ndarray, rng: np.random.Generator | RecallDraws
-    ) -> np.ndarray | int:
-        """Fragments of the block that just left the recent window, recalled where a layer selects it, at one step
-        (int64 [n, L], or 0 where no block is fresh; draws consumed): :meth:`_fresh_run` of one step."""
-        out = RecallRun.empty()
-        fresh = self._fresh_run(ctx[None, :], cold, as_draws(rng), out)
-        out.commit(1, None)
-        if fresh is None:
-            return 0
-        misses = np.zeros((len(ctx), self.num_layers), dtype=np.int64)
-        misses[fresh[0][0]] = fresh[1]
-        return misses
-
     def _fresh_run(
         self, ctx: np.ndarray, cold: np.ndarray, draws: RecallDraws, out: RecallRun
     ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -342,8 +303,8 @@ class RecallModel:
             rng: the replica's draw streams (sim/step/draws.py), or a seeded generator to spawn one-off streams from.
             groups: int [n] micro-batch group of each request (None: all in group 0).
             num_groups: G.
-            state: float [n, state_width] per-request recall state before the run (read only; see
-                :meth:`miss_frac`), or None.
+            state: float [n, state_width] per-request recall state before the run (read only), or None for
+                independent draws.
             cache_fragments: float64 [k] shared recall cache capacity per step in fragments, or None (per-request
                 buffers).
         """
@@ -388,31 +349,6 @@ class RecallModel:
         out.fragments, out.nbytes = frags, frags * self.fragment_bytes
         out.selected_fragments = selected_fragments.sum(axis=1) * L
         return out
-
-    def step(
-        self,
-        ctx: np.ndarray,
-        cold: np.ndarray,
-        rng: np.random.Generator | RecallDraws,
-        groups: np.ndarray | None = None,
-        num_groups: int = 1,
-        state: np.ndarray | None = None,
-        cache_fragments: float | None = None,
-    ) -> RecallRun:
-        """Recall of one step: :meth:`run` of one step, committed (draws consumed, ``state`` updated in place).
-
-        Args:
-            ctx: int64 [n], KV tokens of each offloaded request.
-            cache_fragments: shared recall cache capacity in fragments, or None (per-request buffers).
-            cold, rng, groups, num_groups, state: as :meth:`run`.
-
-        Returns:
-            the run of one step (arrays with a step axis of length 1).
-        """
-        cache = None if cache_fragments is None else np.array([cache_fragments], dtype=float)
-        run = self.run(ctx[None, :], cold, as_draws(rng), groups, num_groups, state, cache)
-        run.commit(1, state)
-        return run
 
     def expected_layer_fragments(self, cold: bool) -> float:
         """Expected fragments one offloaded request at the full budget recalls per layer and step (admission's

@@ -17,6 +17,7 @@ import yaml
 from calibrate.selection_fit import CLIP, fit_recall_stats, kumaraswamy_std, selection_summary
 from sim.config import Profile, RecallStatsSpec
 from sim.step.distributions import kumaraswamy_b
+from tests.sim.oracles import recall_step
 
 REPO = Path(__file__).resolve().parents[2]
 MEANS = [0.35, 0.25, 0.2, 0.15, 0.12, 0.1]
@@ -203,7 +204,7 @@ def test_a_selection_profile_drives_the_simulators_recall_volume(tmp_path):
     volumes = {}
     for name, stats in (("profile", scenario.recall_stats), ("default", RecallStatsSpec())):
         recall = RecallModel(scenario.model, policy, stats, link)
-        fragments = recall.step(ctx, warm, np.random.default_rng(0)).fragments.sum()
+        fragments = recall_step.step(recall, ctx, warm, np.random.default_rng(0)).fragments.sum()
         expected = n * scenario.model.num_layers * recall.expected_layer_fragments(cold=False)
         assert fragments == pytest.approx(expected, rel=0.03)
         volumes[name] = fragments / (n * scenario.model.num_layers * k)

@@ -12,6 +12,7 @@ from sim.config import HardwareSpec, ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.config.loader import load_card
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
+from tests.sim.oracles import recall_step
 
 BLOCK = 16
 
@@ -72,10 +73,10 @@ def test_per_request_factors_persist_across_steps():
     n = 400
     state = np.zeros((n, rec.state_width))
     selected = np.full(n, 64)
-    rec.miss_frac(selected, np.ones(n, dtype=bool), rng, state)  # join: factors drawn
+    recall_step.miss_frac(rec, selected, np.ones(n, dtype=bool), rng, state)  # join: factors drawn
     warm = np.zeros(n, dtype=bool)
-    a = rec.miss_frac(selected, warm, rng, state).mean(axis=1)
-    b = rec.miss_frac(selected, warm, rng, state).mean(axis=1)
+    a = recall_step.miss_frac(rec, selected, warm, rng, state).mean(axis=1)
+    b = recall_step.miss_frac(rec, selected, warm, rng, state).mean(axis=1)
     assert np.corrcoef(a, b)[0, 1] > 0.8  # a request that changes much keeps changing much
 
 
@@ -84,8 +85,8 @@ def test_independent_draws_do_not_persist():
     assert not rec.structured
     rng = np.random.default_rng(0)
     selected, warm = np.full(400, 64), np.zeros(400, dtype=bool)
-    a = rec.miss_frac(selected, warm, rng).mean(axis=1)
-    b = rec.miss_frac(selected, warm, rng).mean(axis=1)
+    a = recall_step.miss_frac(rec, selected, warm, rng).mean(axis=1)
+    b = recall_step.miss_frac(rec, selected, warm, rng).mean(axis=1)
     assert abs(np.corrcoef(a, b)[0, 1]) < 0.2
 
 
@@ -93,12 +94,12 @@ def test_topic_shift_raises_every_layer_of_the_request():
     rec = _model(request_sigma=0.0, layer_sigma=0.0, drift_sigma=0.0, burst_prob=1.0, burst_change_frac=0.9)
     rng = np.random.default_rng(0)
     state = np.zeros((10, rec.state_width))
-    q = rec.miss_frac(np.full(10, 64), np.zeros(10, dtype=bool), rng, state)
+    q = recall_step.miss_frac(rec, np.full(10, 64), np.zeros(10, dtype=bool), rng, state)
     assert (q >= 0.9).all()
 
 
 def test_a_block_leaving_the_window_misses_where_layers_select_it():
     rec = _model(fresh_block_frac=1.0)
     ctx = np.array([rec.window_tokens + 10 * rec.block_size, rec.window_tokens + 10 * rec.block_size + 3])
-    fresh = rec.fresh_misses(ctx, np.zeros(2, dtype=bool), np.random.default_rng(0))
+    fresh = recall_step.fresh_misses(rec, ctx, np.zeros(2, dtype=bool), np.random.default_rng(0))
     assert (fresh[0] == rec.heads).all() and (fresh[1] == 0).all()

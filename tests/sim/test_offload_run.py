@@ -24,6 +24,7 @@ from sim.run import simulate
 from sim.serving.replica import Replica
 from sim.step.draws import RecallDraws
 from sim.step.drift import drift_steps, drift_steps_py
+from tests.sim.oracles import recall_step
 from tests.sim.test_skip_ahead import SHORT, SMALL_POOL, _assert_equal
 
 ALL_OFFLOADED = ["policies=pulseinfer", "policy.pulseinfer.offload_threshold_tokens=16", "workload.max_requests=80"]
@@ -144,7 +145,9 @@ def test_recall_run_equals_steps(n, k, seed, burst, shared, headwise, cold_first
     expected = []
     for t in range(k):
         c = cache[t] if shared else None
-        rec = model.step(ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), stepped_draws, None, 1, state_ref, c)
+        rec = recall_step.step(
+            model, ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), stepped_draws, None, 1, state_ref, c
+        )
         expected.append((rec.fragments[0], rec.selected_fragments[0]))
     run = model.run(ctx, cold, run_draws, None, 1, state0.copy(), cache)
     for t, (frags, selected) in enumerate(expected):
@@ -156,7 +159,9 @@ def test_recall_run_equals_steps(n, k, seed, burst, shared, headwise, cold_first
     replay_draws, state_replay = RecallDraws(np.random.default_rng(seed)), state0.copy()
     for t in range(j):
         c = cache[t] if shared else None
-        model.step(ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), replay_draws, None, 1, state_replay, c)
+        recall_step.step(
+            model, ctx[t], cold if t == 0 else np.zeros(n, dtype=bool), replay_draws, None, 1, state_replay, c
+        )
     np.testing.assert_array_equal(state_run, state_replay)
     for name in ("change", "rounding", "burst", "join", "drift"):
         np.testing.assert_array_equal(getattr(run_draws, name).take(7), getattr(replay_draws, name).take(7))

@@ -27,6 +27,7 @@ from sim.run import simulate
 from sim.serving.cluster import simulate_cluster
 from sim.step.draws import RecallDraws
 from sim.workload import load_workload
+from tests.sim.oracles import recall_step
 
 # Four synthetic requests long enough to run offloaded (≥ 8192 tokens), on the shipped default card and model.
 LONG = [
@@ -185,7 +186,7 @@ def test_a_cell_never_recalls_more_than_it_selects():
     # contexts where the block leaving the recent window is fresh this step (every one of them)
     ctx = recall.window_tokens + recall.block_size * np.arange(200, 264, dtype=np.int64)
     cold = np.zeros(len(ctx), dtype=bool)
-    rec = recall.step(ctx, cold, RecallDraws(np.random.default_rng(0)), cache_fragments=0.0)  # thrashing
+    rec = recall_step.step(recall, ctx, cold, RecallDraws(np.random.default_rng(0)), cache_fragments=0.0)  # thrashing
     assert rec.fragments.sum() == rec.selected_fragments  # each cell misses its whole selection, once
 
 

@@ -14,6 +14,7 @@ from sim.run import simulate_policy
 from sim.step.compute import ComputeModel
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
+from tests.sim.oracles import recall_step
 
 COMPUTE = {
     "model": "qwen3-14b",
@@ -168,7 +169,7 @@ def test_recall_bytes_follow_profile_miss_fractions(tmp_path, level):
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
     n = 4000
     ctx = np.full(n, 100_007)  # off a block boundary: no block is leaving the recent window (no fresh-block misses)
-    rec = recall.step(ctx, np.zeros(n, dtype=bool), np.random.default_rng(0))
+    rec = recall_step.step(recall, ctx, np.zeros(n, dtype=bool), np.random.default_rng(0))
     selected = pol.budget_tokens // pol.block_size
     per_layer = rec.fragments[0] / (n * selected)  # measured miss fraction per layer
     depth = np.linspace(0, 1, scenario.model.num_layers)
@@ -225,12 +226,14 @@ def test_measured_working_set_ratio_sets_the_buffer_hit(tmp_path):
     scenario = _scenario(tmp_path, _profile(tmp_path, recall_stats=stats))
     pol = scenario.policy["pulseinfer"].model_copy(update={"recall_buffer_blocks": 2 * 128, "budget_tokens": 2048})
     recall = RecallModel(scenario.model, pol, scenario.recall_stats, LinkModel(scenario.hardware))
-    q = recall.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q = recall_step.miss_frac(recall, np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
     assert q.mean() == pytest.approx(0.2 * (1 - 0.8), rel=0.03)
     assumed = RecallModel(
         scenario.model, pol, scenario.recall_stats.model_copy(update={"working_set_ratio": None}), recall.link
     )
-    q_assumed = assumed.miss_frac(np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1))
+    q_assumed = recall_step.miss_frac(
+        assumed, np.full(20000, 128), np.zeros(20000, dtype=bool), np.random.default_rng(1)
+    )
     assert q_assumed.mean() > q.mean() * 1.3  # the assumed W = k (1 + 12 · 0.2) = 3.4 k overflows a 2k buffer
 
 

@@ -10,6 +10,7 @@ from sim.config.loader import load_card, load_scenario
 from sim.step.distributions import kumaraswamy_b
 from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
+from tests.sim.oracles import recall_step
 
 MODEL = ModelSpec.model_validate(load_card("model", "qwen3-14b"))
 LINK = LinkModel(HardwareSpec.model_validate(load_card("hardware", "h200")))
@@ -28,9 +29,9 @@ def test_recall_never_exceeds_the_budget(selection):
     heads = MODEL.num_kv_heads if selection == "headwise" else 1
     selected = rec.selected_blocks(ctx)
     assert (selected <= 2048 // 16).all()
-    q = rec.miss_frac(selected, cold, rng)
+    q = recall_step.miss_frac(rec, selected, cold, rng)
     assert ((0 <= q) & (q <= 1)).all()
-    step = rec.step(ctx, cold, rng)
+    step = recall_step.step(rec, ctx, cold, rng)
     assert (step.fragments <= int(selected.sum()) * heads).all()
     assert (step.nbytes == step.fragments * rec.fragment_bytes).all()
 
@@ -38,20 +39,20 @@ def test_recall_never_exceeds_the_budget(selection):
 def test_no_recall_when_context_fits_in_sink_and_window():
     rec = _model()
     ctx = np.array([1, 300, 128 + 512, 128 + 512 + 31])  # never a whole block outside sink + window
-    step = rec.step(ctx, np.ones(4, dtype=bool), np.random.default_rng(0))
+    step = recall_step.step(rec, ctx, np.ones(4, dtype=bool), np.random.default_rng(0))
     assert step.nbytes.sum() == 0 and step.fragments.sum() == 0
 
 
 def test_cold_request_recalls_its_whole_selection():
     rec = _model(miss_frac=None)
-    step = rec.step(np.array([50_000]), np.array([True]), np.random.default_rng(0))
+    step = recall_step.step(rec, np.array([50_000]), np.array([True]), np.random.default_rng(0))
     assert (step.fragments == 2048 // 32).all()
 
 
 def test_headwise_moves_the_same_bytes_in_num_kv_heads_times_the_fragments():
     ctx, cold = np.array([40_000, 60_000]), np.array([True, True])
-    solo = _model(selection="solohead").step(ctx, cold, np.random.default_rng(0))
-    head = _model(selection="headwise").step(ctx, cold, np.random.default_rng(0))
+    solo = recall_step.step(_model(selection="solohead"), ctx, cold, np.random.default_rng(0))
+    head = recall_step.step(_model(selection="headwise"), ctx, cold, np.random.default_rng(0))
     assert (head.nbytes == solo.nbytes).all()
     assert (head.fragments == MODEL.num_kv_heads * solo.fragments).all()
     assert _model(selection="headwise").fragment_bytes == 32 * MODEL.head_dim * 2 * 2
@@ -60,7 +61,7 @@ def test_headwise_moves_the_same_bytes_in_num_kv_heads_times_the_fragments():
 def test_full_offload_moves_every_offloaded_block_as_one_fragment_per_request():
     rec = _model(selection="all", io="per_fragment")
     ctx = np.array([10_000, 30_000])
-    step = rec.step(ctx, np.array([False, False]), np.random.default_rng(0))
+    step = recall_step.step(rec, ctx, np.array([False, False]), np.random.default_rng(0))
     blocks = (ctx - 640) // 32
     assert (step.nbytes == blocks.sum() * rec.block_bytes_layer).all()
     assert (step.fragments == 2).all()
@@ -88,7 +89,7 @@ def test_change_draws_follow_the_per_layer_means():
     stats = RecallStatsSpec(change_mean_by_depth=EARLY_HEAVY)
     rec = RecallModel(MODEL, OffloadPolicy(recall_buffer_blocks=64, budget_tokens=2048), stats, LINK)
     # buffer == selection: no returning block can hit, so the miss fraction is the change fraction
-    q = rec.miss_frac(np.full(4000, 64), np.zeros(4000, dtype=bool), np.random.default_rng(1))
+    q = recall_step.miss_frac(rec, np.full(4000, 64), np.zeros(4000, dtype=bool), np.random.default_rng(1))
     assert q.mean(axis=0) == pytest.approx(rec.change_mean, abs=0.01)
     assert q[:, 0].mean() > q[:, -1].mean() + 0.1  # early layers change more (this depth profile)
 

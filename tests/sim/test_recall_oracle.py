@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sim import load_scenario
 from sim.policies import make_policy
 from sim.step.draws import RecallDraws
-from tests.sim.oracles import offload_cost, recall
+from tests.sim.oracles import offload_cost, recall, recall_step
 
 STREAMS = ("change", "rounding", "burst", "join", "drift")
 
@@ -49,7 +49,9 @@ def test_recall_model_equals_its_per_step_oracle(n, groups, seed, selection, cac
     draws, draws_ref = RecallDraws(np.random.default_rng(seed)), RecallDraws(np.random.default_rng(seed))
     for t in range(4):
         capacity = None if cache == "buffer" else (1.0 if cache == "thrash" else float(rng.uniform(0.0, 4e4)))
-        got = model.step(ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws, gid, groups, state, capacity)
+        got = recall_step.step(
+            model, ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws, gid, groups, state, capacity
+        )
         nbytes, frags, contiguous, selected = recall.step(
             model, ctx + t, cold if t == 0 else np.zeros(n, dtype=bool), draws_ref, gid, groups, state_ref, capacity
         )
