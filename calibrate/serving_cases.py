@@ -34,8 +34,8 @@ import pandas as pd
 from pydantic import Field, ValidationError
 
 from sim.config import read_yaml, scenarios_dir
-from sim.config.base import Spec
 from sim.config.files import format_validation_error
+from sim.config.spec import Spec
 
 SERVING_COLUMNS = [
     "case", "set", "metric", "group", "stat", "measured", "simulated", "error_pct", "by_construction", "verdict",
@@ -53,7 +53,7 @@ class ServingCaseError(ValueError):
 
 
 class _Strict(Spec):
-    """The scenario schema's base (sim/config/base.py): unknown keys, booleans as numbers and inf/NaN refused."""
+    """The scenario schema's base (sim/config/spec.py): unknown keys, booleans as numbers and inf/NaN refused."""
 
 
 class Stat(_Strict):
