@@ -34,8 +34,8 @@ import pandas as pd
 from pydantic import Field, ValidationError
 
 from sim.config import read_yaml, scenarios_dir
-from sim.config.base import Spec
 from sim.config.files import format_validation_error
+from sim.config.spec import Spec
 
 SERVING_COLUMNS = [
     "case", "set", "metric", "group", "stat", "measured", "simulated", "error_pct", "by_construction", "verdict",
@@ -53,7 +53,7 @@ class ServingCaseError(ValueError):
 
 
 class _Strict(Spec):
-    """The scenario schema's base (sim/config/base.py): unknown keys, booleans as numbers and inf/NaN refused."""
+    """The scenario schema's base (sim/config/spec.py): unknown keys, booleans as numbers and inf/NaN refused."""
 
 
 class Stat(_Strict):
@@ -270,7 +270,7 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
             larger than the KV pool): its metrics would silently leave them out.
     """
     from sim.config import load_scenario
-    from sim.metrics.report import rejection_lines
+    from sim.metrics import rejected_by_reason
     from sim.run import simulate
 
     measured = {k: getattr(case.measured, k) for k in Measured.model_fields if getattr(case.measured, k) is not None}
@@ -278,9 +278,13 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
         return [_row(case, key, value, math.nan, "not_modelled", case.not_modelled) for key, value in measured.items()]
     scenario = load_scenario("default", [*case_overrides(case), *(overrides or [])])
     result = simulate(scenario).policies[scenario.policies[0]]
-    rejected = rejection_lines(result.requests, scenario.model.max_seq_len, result.kv_pool_gib)
+    rejected = rejected_by_reason(result.requests)
     if rejected:  # the rebuilt benchmark refused requests its source served: the metrics would leave them out
-        raise ServingCaseError(f"{case.name}: the simulated server refused requests ({'; '.join(rejected)})")
+        why = ", ".join(f"{count} {reason}" for reason, count in rejected.items())
+        raise ServingCaseError(
+            f"{case.name}: the simulated server refused requests ({why}; max_seq_len {scenario.model.max_seq_len}, "
+            f"KV pool of {result.kv_pool_gib:.2f} GiB)"
+        )
     simulated = simulated_metrics(case, result)
     rows = []
     for key, value in measured.items():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from calibrate.serving_cases import ServingCase, engine_card, load_suite, run_serving_case, suite_table
-from sim.workers import WorkerPool
+from workers import WorkerPool
 
 # HardwareSpec field: (low, high, log scale). Bounds are physical: a share of a peak in (0, 1]; per-kernel and per-step
 # costs from "none" to well past what any public profile shows (docs/sources.md §11 gives the reasoning per bound).

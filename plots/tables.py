@@ -1,6 +1,6 @@
 """Reading a results folder's tables back, in whichever format the run wrote them (CSV or Parquet).
 
-``pulseinfer simulate`` writes ``name.parquet`` or ``name.csv`` per ``run.table_format`` (sim/metrics/files.py);
+``pulseinfer simulate`` writes ``name.parquet`` or ``name.csv`` per ``run.table_format`` (pulseinfer/tables_io.py);
 summary.csv is always CSV. This module imports only pandas (plots must not import the simulator).
 """
 

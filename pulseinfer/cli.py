@@ -17,7 +17,7 @@ Error boundary: ``run`` does its work and raises; :func:`main` alone turns error
   ``terminated`` line, exit 143; SIGHUP (the terminal or ssh session closed) → one ``hangup`` line, exit 129:
   while a sub-command runs, SIGTERM raises ``pulseinfer.errors.Terminated`` and SIGHUP its subclass ``HungUp``
   (``KeyboardInterrupt`` subclasses) in the main thread, so all three unwind the same way: worker pools stop their
-  workers (sim/workers.py), a staging folder is removed (pulseinfer/outdir.py), what finished is kept.
+  workers (workers/__init__.py), a staging folder is removed (pulseinfer/outdir.py), what finished is kept.
   A SIGHUP the process started ignoring (``nohup``) stays ignored;
 - a bug the simulator caught itself (the classes in :data:`BUG_REPORTS`, e.g. sim's ``PhysicsError``: a run broke
   a physical bound) → one ``bug: <message>`` line naming the check and the scenario, exit 1, no traceback;
@@ -61,18 +61,8 @@ COMMANDS = [
 # top-level package → names of its exception classes that mean bad input (subclasses included)
 INPUT_ERRORS: dict[str, frozenset[str]] = {
     "pulseinfer": frozenset({"UsageError"}),
-    "sim": frozenset(
-        {
-            "ScenarioError",
-            "CapacityError",
-            "SpaceError",
-            "SearchError",
-            "PlanError",
-            "SweepError",
-            "ExecutorError",
-            "AccuracyError",
-        }
-    ),
+    "sim": frozenset({"ScenarioError", "CapacityError"}),
+    "study": frozenset({"SpaceError", "SearchError", "PlanError", "SweepError", "ExecutorError", "AccuracyError"}),
     "traces": frozenset({"TraceError"}),
     "calibrate": frozenset({"CaseError", "ServingCaseError"}),
     "plots": frozenset({"MissingData"}),

@@ -45,7 +45,7 @@ class UsageError(ValueError):
 def usage_errors(prefix: str = "") -> Iterator[None]:
     """Treat a ``ValueError`` from the wrapped library call as bad input, its message led by ``prefix``.
 
-    For libraries that check their input with plain ``ValueError`` (plots, engine, calibrate, sim.study.slo): wrap the
+    For libraries that check their input with plain ``ValueError`` (plots, engine, calibrate, study.slo): wrap the
     call that validates, not a whole run, so a real bug elsewhere keeps its traceback.
 
     Raises:

@@ -192,7 +192,7 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
         yield stage
         claims |= _settle_copies(out, stage, copied)
         write_marker(stage, command, written_claims(stage))
-        from sim.workers import signals_held  # the one hold of SIGINT/SIGTERM/SIGHUP; sim is loaded by now
+        from workers import signals_held  # the one hold of SIGINT/SIGTERM/SIGHUP; sim is loaded by now
 
         with signals_held():  # an exception between the renames would leave no out, or a .NAME.old-XXXX folder
             _replace(stage, out, claims, flag)

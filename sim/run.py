@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 import traces
-from sim.config import GIB, Scenario, ScenarioError, SessionsSpec, dump_scenario
+from sim.config import GIB, Scenario, ScenarioError, SessionsSpec
 from sim.metrics import (
     SUMMARY_COLUMNS,
     layer_recall_table,
@@ -40,7 +39,6 @@ from sim.metrics import (
     unfinished_counts,
 )
 from sim.metrics.bill import BILL_COLUMNS, PRICED_COLUMNS, bill, card_price
-from sim.metrics.files import write_table
 from sim.metrics.physics import bounds_of, check_clock, check_physics
 from sim.serving.cluster import simulate_cluster
 from sim.serving.fleet import Fleet, request_objects
@@ -50,13 +48,6 @@ from sim.workload import load_workload
 
 BASELINE = "sglang"
 OFFLOAD_BASELINE = "headwise"  # the representative existing offloader
-TABLES = {
-    "requests": "requests",
-    "steps": "steps",
-    "layers": "layers",
-    "layer_recall": "layer_recall",
-    "timeline": "timeline",
-}
 RATIO_COLUMNS = {
     "decode_tokens_per_s": "throughput_vs_sglang",
     "goodput_requests_per_s": "goodput_vs_sglang",
@@ -82,7 +73,7 @@ class PolicyResult:
 
 @dataclass
 class SimResult:
-    """Everything a run produced; :meth:`write` puts it on disk."""
+    """Everything a run produced; ``pulseinfer.tables_io.write_result`` puts it on disk."""
 
     scenario: Scenario
     workload: pd.DataFrame
@@ -109,36 +100,6 @@ class SimResult:
             return None
         df = pd.concat(frames, ignore_index=True)
         return df[["policy"] + [c for c in df.columns if c != "policy"]]
-
-    def write(self, out_dir: Path) -> list[str]:
-        """Write summary.csv, the requests/steps/layers/layer_recall/timeline tables (with a ``policy`` column;
-        ``.parquet`` or ``.csv`` per ``run.table_format``) and scenario.yaml. With ``run.tables: summary`` only
-        summary.csv, the requests table and scenario.yaml; a fleet (``serving.replicas`` > 1) writes summary.csv,
-        replicas.csv, the requests table and scenario.yaml.
-
-        Returns:
-            The names of the files written, in order.
-
-        Raises:
-            ValueError: ``run.table_format: parquet`` without pyarrow (the message names the fix).
-        """
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.summary.to_csv(out_dir / "summary.csv", index=False)
-        written = ["summary.csv"]
-        replicas = self.replicas
-        if replicas is not None:
-            replicas.to_csv(out_dir / "replicas.csv", index=False)
-            written.append("replicas.csv")
-        for name, table in TABLES.items():
-            frames = [getattr(r, table) for r in self.policies.values()]
-            if any(f is None for f in frames):  # not kept (run.tables: summary)
-                continue
-            frames = [f.assign(policy=p) for f, p in zip(frames, self.policies)]
-            df = pd.concat(frames, ignore_index=True)
-            df = df[["policy"] + [c for c in df.columns if c != "policy"]]
-            written.append(write_table(df, out_dir, name, self.scenario.run.table_format).name)
-        dump_scenario(self.scenario, out_dir / "scenario.yaml")
-        return [*written, "scenario.yaml"]
 
 
 def simulate_policy(

@@ -24,9 +24,9 @@ def _sim_errors() -> list[tuple[str, object]]:
     from sim.config import ScenarioError
     from sim.config.profiles import ProfileError
     from sim.serving.kv import CapacityError
-    from sim.study.plan import PlanError
-    from sim.study.search import SearchError, StudyMismatch
-    from sim.study.space import SpaceError
+    from study.plan import PlanError
+    from study.search import SearchError, StudyMismatch
+    from study.space import SpaceError
 
     return [
         ("ScenarioError", lambda: ScenarioError("workload.time_scal: extra inputs are not permitted")),
@@ -136,11 +136,11 @@ def test_any_other_error_propagates_with_its_traceback(monkeypatch, capsys, fact
 def test_every_listed_input_error_is_an_exception_class_of_its_package():
     for module in (
         "sim.run",
-        "sim.study.search",
-        "sim.study.plan",
-        "sim.study.sweep",
+        "study.search",
+        "study.plan",
+        "study.sweep",
         "sim.config.profiles",
-        "sim.study.space",
+        "study.space",
         "traces",
         "calibrate.cases",
         "plots.render",
@@ -163,7 +163,7 @@ def test_usage_errors_leads_a_library_value_error_with_the_prefix():
 
 
 def test_flag_names_leads_an_error_naming_a_mapped_field_with_its_flag():
-    from sim.study.search import SearchError
+    from study.search import SearchError
 
     with pytest.raises(UsageError, match=r"^--trials: total_trials must be >= 1, got 0$"):
         with flag_names({"total_trials": "--trials"}):
@@ -180,8 +180,8 @@ def test_flag_names_lets_other_errors_through_unchanged():
 def test_search_error_keeps_its_field_across_processes():
     import pickle
 
-    from sim.study.plan import PlanError
-    from sim.study.search import StudyMismatch
+    from study.plan import PlanError
+    from study.search import StudyMismatch
 
     for exc in (StudyMismatch("study 'x' exists", "study_name"), PlanError("jobs must be >= 1, got 0", "jobs")):
         back = pickle.loads(pickle.dumps(exc))

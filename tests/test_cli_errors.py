@@ -187,8 +187,8 @@ def test_yaml_alias_bomb_scenario_exits_2_with_one_short_line(tmp_path, capsys, 
 
 @pytest.mark.parametrize("rate", ["inf", "nan", "-1", "0"])
 def test_plan_target_rate_that_is_not_finite_and_positive_exits_2_before_planning(tmp_path, capsys, monkeypatch, rate):
-    monkeypatch.setattr("sim.study.plan.check_plan", _no_simulation)
-    monkeypatch.setattr("sim.study.plan.run_plan", _no_simulation)
+    monkeypatch.setattr("study.plan.check_plan", _no_simulation)
+    monkeypatch.setattr("study.plan.run_plan", _no_simulation)
     code = main(["plan", "--target-rate", rate, "--out", str(tmp_path / "plan"), "--no-progress", *_sets(TINY)])
     assert code == EXIT_BAD_INPUT
     _assert_one_error_line(capsys.readouterr().err, f"--target-rate {float(rate)}", "finite number > 0")

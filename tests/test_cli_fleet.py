@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import EXIT_BAD_INPUT, main
-from sim.study.plan import PLAN_COLUMNS, cheapest_fleets
+from study.plan import PLAN_COLUMNS, cheapest_fleets
 
 TINY = [
     "workload.trace=null",
@@ -63,7 +63,7 @@ def test_a_price_for_another_card_is_said_not_silently_dropped(tmp_path, capsys)
 @pytest.mark.parametrize("command", ["simulate", "plan"])
 def test_bad_gpu_hour_usd_exits_2_with_one_line(tmp_path, capsys, monkeypatch, command, value, needles):
     monkeypatch.setattr("sim.run.simulate", _no_simulation)
-    monkeypatch.setattr("sim.study.plan.run_plan", _no_simulation)
+    monkeypatch.setattr("study.plan.run_plan", _no_simulation)
     code = main([command, *_sets(TINY), "--gpu-hour-usd", value, "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == EXIT_BAD_INPUT
     lines = capsys.readouterr().err.splitlines()

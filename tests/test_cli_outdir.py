@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import pulseinfer.tables_io
 import sim.run
 from pulseinfer.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
 from pulseinfer.errors import UsageError
@@ -256,11 +257,11 @@ def test_interrupt_or_error_mid_run_leaves_the_previous_folder_untouched(tmp_pat
     assert main(_simulate(out)) == 0
     before = _snapshot(out)
 
-    def write_half(self, out_dir: Path) -> None:
-        self.summary.to_csv(out_dir / "summary.csv", index=False)  # part of the tables, then the failure
+    def write_half(result, out_dir: Path) -> None:
+        result.summary.to_csv(out_dir / "summary.csv", index=False)  # part of the tables, then the failure
         raise error()
 
-    monkeypatch.setattr(sim.run.SimResult, "write", write_half)
+    monkeypatch.setattr(pulseinfer.tables_io, "write_result", write_half)
     capsys.readouterr()
     if error is KeyboardInterrupt:
         assert main(_simulate(out, "--set", "seed=5")) == EXIT_INTERRUPTED
@@ -345,7 +346,7 @@ def test_a_signal_during_the_renames_is_delivered_after_them():
     import os
     import signal
 
-    from sim.workers import signals_held
+    from workers import signals_held
 
     delivered: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: delivered.append("handler"))
@@ -505,10 +506,10 @@ def test_files_written_into_the_old_folder_during_the_renames_leave_no_old_folde
 
 
 def test_a_failed_run_leaves_no_parent_folder_it_created(tmp_path, capsys, monkeypatch):
-    def fail(self, out_dir: Path) -> None:
+    def fail(result, out_dir: Path) -> None:
         raise RuntimeError("the run failed")
 
-    monkeypatch.setattr(sim.run.SimResult, "write", fail)
+    monkeypatch.setattr(pulseinfer.tables_io, "write_result", fail)
     with pytest.raises(RuntimeError):
         main(_simulate(tmp_path / "a" / "b" / "out"))
     assert list(tmp_path.iterdir()) == []

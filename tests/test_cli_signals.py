@@ -155,7 +155,7 @@ def test_signal_stops_a_sweep_and_keeps_its_cache(tmp_path, signum, status, line
 @LINUX
 @pytest.mark.parametrize("signum, status, line", SIGNALS)
 def test_signal_stops_a_search_and_keeps_its_journal(tmp_path, signum, status, line):
-    from sim.study.search import INTERRUPTED_ATTR, open_storage
+    from study.search import INTERRUPTED_ATTR, open_storage
 
     out, space = tmp_path / "search", tmp_path / "space.yaml"
     space.write_text(SPACE)
@@ -240,7 +240,7 @@ def test_an_ignored_hangup_stays_ignored(monkeypatch, capsys):
 
 
 def test_a_failed_task_stops_the_other_workers_at_once():
-    from sim.study.executors import run_tasks
+    from study.executors import run_tasks
 
     started = time.monotonic()
     with pytest.raises(ValueError, match="task 0 failed"):
@@ -281,7 +281,7 @@ def test_a_closed_ray_address_fails_at_once_with_one_line(tmp_path, command):
 
 def test_a_malformed_ray_address_is_refused():
     pytest.importorskip("ray")
-    from sim.study.executors import ExecutorError, check_backend
+    from study.executors import ExecutorError, check_backend
 
     with pytest.raises(ExecutorError, match="not a Ray address") as caught:
         check_backend("ray", 1, "headnode")
@@ -293,7 +293,7 @@ def _big_grid(n: int) -> list[str]:
 
 
 def test_a_big_sweep_is_refused_at_once_without_yes(tmp_path, capsys, monkeypatch):
-    import sim.study.sweep as sweep
+    import study.sweep as sweep
 
     monkeypatch.setattr(sweep, "resolve_points", _never)  # refused before its points are resolved
     out = tmp_path / "out"
@@ -305,7 +305,7 @@ def test_a_big_sweep_is_refused_at_once_without_yes(tmp_path, capsys, monkeypatc
 
 
 def test_yes_runs_a_big_sweep_after_announcing_it(tmp_path, capsys, monkeypatch):
-    import sim.study.sweep as sweep
+    import study.sweep as sweep
 
     monkeypatch.setattr(sweep, "resolve_points", lambda cfg: [])  # past the size check: let through (no points)
     monkeypatch.setattr(sweep, "run_sweep", _stop_here)  # about to simulate: announced by now

@@ -19,7 +19,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"`[^`]*`")
 # a path into one of the repository's own folders, as prose names it (globs allowed; placeholders like <name> skipped)
-FOLDERS = "sim|engine|calibrate|plots|traces|scenarios|scripts|tests|pulseinfer|docs"
+FOLDERS = "sim|study|workers|engine|calibrate|plots|traces|scenarios|scripts|tests|pulseinfer|docs"
 REPO_PATH = re.compile(rf"(?<![\w./-])((?:{FOLDERS})/[\w./*-]*)")
 HISTORY = ROOT / "CHANGELOG.md"  # names files as they were: its paths are not checked
 # paths in other repositories that happen to start with one of our folder names (docs/sources.md, traces/data)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("sim", "traces", "engine", "calibrate", "plots", "pulseinfer", "scenarios")
-STUDY = "sim.study"
+PACKAGES = ("sim", "study", "workers", "traces", "engine", "calibrate", "plots", "pulseinfer", "scenarios")
+STUDY = "study"
 
 
 def _module_name(path: Path) -> str:
@@ -133,14 +133,36 @@ def test_sim_never_imports(forbidden):
 
 
 def test_simulator_core_never_imports_the_study_layer():
+    """The studies (top-level ``study/``) are built on the simulator; ``sim`` never imports them."""
     graph = _graph()
     offenders = {
         name: sorted(t for t in edges if t == STUDY or t.startswith(STUDY + "."))
         for name, edges in graph.items()
-        if name.startswith("sim") and not (name == STUDY or name.startswith(STUDY + "."))
+        if name == "sim" or name.startswith("sim.")
     }
     offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, f"core modules import the study layer: {offenders}"
+
+
+@pytest.mark.parametrize("layer", ["sim", "study", "calibrate", "workers", "traces"])
+def test_imports_point_down_never_to_the_cli(layer):
+    """pulseinfer → calibrate/, study/ → sim → traces: nothing below the command line imports ``pulseinfer``."""
+    graph = _graph()
+    offenders = {
+        name: sorted(t for t in edges if t.split(".")[0] == "pulseinfer")
+        for name, edges in graph.items()
+        if name.split(".")[0] == layer
+    }
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, f"{layer} imports the command line: {offenders}"
+
+
+def test_the_worker_pool_is_a_leaf():
+    """``workers`` (the process pool that study/, calibrate/ and sim/serving/fleet_pool.py share) imports no
+    project module."""
+    graph = _graph()
+    offenders = {n: sorted(e) for n, e in graph.items() if n.split(".")[0] == "workers" and e}
+    assert not offenders, offenders
 
 
 def test_engine_never_imports_the_simulator():

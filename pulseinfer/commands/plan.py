@@ -13,7 +13,7 @@ from pulseinfer.errors import UsageError, flag_names, usage_errors
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import Bar
 
-# PlanConfig field or run_plan argument → the flag that sets it (sim.study.plan.PlanError names the field)
+# PlanConfig field or run_plan argument → the flag that sets it (study.plan.PlanError names the field)
 FLAGS = {
     "routers": "--routers",
     "target_rate_per_s": "--target-rate",
@@ -84,8 +84,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.executors import check_backend
-    from sim.study.plan import check_plan, run_plan
+    from study.executors import check_backend
+    from study.plan import check_plan, run_plan
 
     check_positive(args.target_rate, "--target-rate", "requests/s the fleet must serve")
     cfg = _config(args)
@@ -174,8 +174,8 @@ def _check_size(cfg, args: argparse.Namespace) -> str | None:
 
 def _config(args: argparse.Namespace):
     from sim.config.loader import DEFAULT_SCENARIO, load_scenario
-    from sim.study.plan import PlanConfig
-    from sim.study.slo import parse_slo, slo_from_scenario
+    from study.plan import PlanConfig
+    from study.slo import parse_slo, slo_from_scenario
 
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)
@@ -271,9 +271,9 @@ def format_plan(table) -> str:
 
 
 def format_cheapest(table) -> str | None:
-    """Per priced card, the cheapest row meeting the SLO, cheapest first (sim.study.plan.cheapest_fleets); None
+    """Per priced card, the cheapest row meeting the SLO, cheapest first (study.plan.cheapest_fleets); None
     without prices."""
-    from sim.study.plan import cheapest_fleets
+    from study.plan import cheapest_fleets
 
     if not table["usd_per_hour"].notna().any():
         return None

@@ -13,7 +13,7 @@ from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
 from pulseinfer.outdir import mark_results
 from pulseinfer.progress import Bar
 
-# run_search argument or SearchConfig field → the flag that sets it (sim.study.search.SearchError names the field)
+# run_search argument or SearchConfig field → the flag that sets it (study.search.SearchError names the field)
 FLAGS = {"total_trials": "--trials", "jobs": "--jobs", "study_name": "--study", "accuracy": "--accuracy",
          "slo": "--slo", "objective": "--objective", "storage": "--storage"}  # fmt: skip
 
@@ -96,8 +96,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.search import check_run_args, run_search
-    from sim.study.search_results import collect_results
+    from study.search import check_run_args, run_search
+    from study.search_results import collect_results
 
     check_seed(args.seed)
     with flag_names(FLAGS):
@@ -123,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     """Validate every input (scenario, SLO, space, storage) before any trial runs."""
     from sim.config.loader import DEFAULT_SCENARIO, load_scenario
-    from sim.study.accuracy import AccuracySlo, load_accuracy_table, split_slo
-    from sim.study.search import SearchConfig, check_journal_file
-    from sim.study.slo import parse_slo, slo_from_scenario
-    from sim.study.space import check_space, load_space
+    from study.accuracy import AccuracySlo, load_accuracy_table, split_slo
+    from study.search import SearchConfig, check_journal_file
+    from study.slo import parse_slo, slo_from_scenario
+    from study.space import check_space, load_space
 
     scenario = args.scenario or DEFAULT_SCENARIO
     base = load_scenario(scenario, args.overrides)
@@ -166,7 +166,7 @@ def _config(args: argparse.Namespace):
 
 def _open_storage(storage: str) -> None:
     """Open (a journal file: create) the study storage; UsageError naming --storage if it cannot be opened."""
-    from sim.study.search import SearchError, open_storage
+    from study.search import SearchError, open_storage
 
     try:
         open_storage(storage)
@@ -180,7 +180,7 @@ def _open_storage(storage: str) -> None:
 def _check_size(args: argparse.Namespace, study_name: str) -> str | None:
     """Refuse a search above the limit without --yes; the line announcing a big one (pulseinfer.bigrun). Trials a
     resumed study already finished do not count."""
-    from sim.study.search import trials_to_run
+    from study.search import trials_to_run
 
     storage = args.storage or str(args.out / "study.journal")
     try:
@@ -192,7 +192,7 @@ def _check_size(args: argparse.Namespace, study_name: str) -> str | None:
 
 
 def _print_report(cfg, result, wall_s: float) -> None:
-    from sim.study.search import OBJECTIVES
+    from study.search import OBJECTIVES
 
     trials = result.trials
     states = trials["state"].value_counts().to_dict()

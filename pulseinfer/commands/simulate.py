@@ -49,10 +49,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     with collections_paused():
+        from pulseinfer.report import format_bill, format_replicas, format_summary, rejection_lines
+        from pulseinfer.tables_io import write_result
         from sim.config import load_scenario
         from sim.config.scenario import CostSpec
         from sim.metrics import unfinished_counts
-        from sim.metrics.report import format_bill, format_replicas, format_summary, rejection_lines
         from sim.run import simulate, with_ratios
         from traces import trace_notes
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             why = "; ".join(f"{name} {', '.join(lines)}" for name, lines in rejected.items())
             raise UsageError(f"nothing can run, every request was rejected: {why}")  # (before writing results)
         wall_s = time.perf_counter() - started
-        written = result.write(stage)
+        written = write_result(result, stage)
         if formats:
             from plots.render import plot_results
 

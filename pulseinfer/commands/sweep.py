@@ -89,8 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.study.executors import check_backend
-    from sim.study.sweep import compare_table, num_points, resolve_points, run_sweep
+    from study.executors import check_backend
+    from study.sweep import compare_table, num_points, resolve_points, run_sweep
 
     with flag_names(FLAGS):
         check_backend(args.backend, args.jobs, args.ray_address)
@@ -141,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     """SweepConfig and (A, B, metric) or None; every input checked before anything runs."""
     from sim.config.loader import DEFAULT_SCENARIO, load_scenario
-    from sim.study.accuracy import OUTPUTS, AccuracySlo, load_accuracy_table, split_slo
-    from sim.study.slo import parse_slo, slo_from_scenario
-    from sim.study.sweep import METRIC_COLUMNS, SweepConfig, SweepError, parse_grid
+    from study.accuracy import OUTPUTS, AccuracySlo, load_accuracy_table, split_slo
+    from study.slo import parse_slo, slo_from_scenario
+    from study.sweep import METRIC_COLUMNS, SweepConfig, SweepError, parse_grid
 
     scenario = args.scenario or DEFAULT_SCENARIO
     grids = tuple(parse_grid(g) for g in args.grid)
@@ -186,7 +186,7 @@ def _warn(message: str) -> None:
 
 def _check_size(cfg, args: argparse.Namespace) -> str | None:
     """Refuse a sweep above the limit without --yes; the line announcing a big one (pulseinfer.bigrun)."""
-    from sim.study.sweep import num_points
+    from study.sweep import num_points
 
     n = num_points(cfg)
     grid = " × ".join(str(len(values)) for _, values in cfg.grids)

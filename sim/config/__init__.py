@@ -6,14 +6,14 @@ hardware, engine), ``workload``, ``policy``, ``measured`` (selection statistics,
 (the whole experiment), ``files`` (YAML reading, the error), ``profiles`` (profile files), ``loader``.
 """
 
-from sim.config.base import DTYPE_BYTES, GIB, NonNeg, PositiveFloat, PositiveInt, Spec
 from sim.config.cards import DEFAULT_ENGINE, EngineSpec, HardwareSpec, ModelSpec
 from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
 from sim.config.loader import dump_scenario, load_scenario
 from sim.config.measured import ComputeProfile, Profile, RecallStatsSpec, SelectionProfile
 from sim.config.policy import DensePolicy, OffloadPolicy, PolicySpec
 from sim.config.scenario import RunSpec, Scenario, ServingSpec, SloSpec
-from sim.config.workload import ColumnsSpec, SessionsSpec, SyntheticSpec, WorkloadSpec
+from sim.config.spec import DTYPE_BYTES, GIB, NonNeg, PositiveFloat, PositiveInt, Spec
+from sim.config.workload_spec import ColumnsSpec, SessionsSpec, SyntheticSpec, WorkloadSpec
 
 __all__ = [
     "DEFAULT_ENGINE", "DTYPE_BYTES", "GIB", "ColumnsSpec", "ComputeProfile", "DensePolicy", "EngineSpec",

@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.config.base import DTYPE_BYTES, GIB, PositiveFloat, PositiveInt, Spec
 from sim.config.files import short_repr
+from sim.config.spec import DTYPE_BYTES, GIB, PositiveFloat, PositiveInt, Spec
 
 
 class ModelSpec(Spec):

@@ -7,9 +7,9 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field, model_validator
 
-from sim.config.base import NonNeg, PositiveFloat, PositiveInt, Spec
 from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.files import short_repr
+from sim.config.spec import NonNeg, PositiveFloat, PositiveInt, Spec
 
 
 class RecallStatsSpec(Spec):

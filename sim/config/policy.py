@@ -6,7 +6,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from sim.config.base import PositiveInt, Spec
+from sim.config.spec import PositiveInt, Spec
 
 # A policy's ``io`` (how a layer's recall crosses to the GPU; costs in sim/step/link.py).
 IoMode = Literal["gather_scatter", "per_fragment", "batched", "gpu_gather"]

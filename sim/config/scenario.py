@@ -8,14 +8,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.cards import DEFAULT_ENGINE, EngineSpec, HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
 from sim.config.files import scenarios_dir, short_repr, table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.parallel import shard_error
 from sim.config.policy import PolicySpec
-from sim.config.workload import WorkloadSpec
+from sim.config.spec import PositiveFloat, PositiveInt, Spec
+from sim.config.workload_spec import WorkloadSpec
 
 # A scenario's name is the folder results/<name> (pulseinfer simulate without --out): a name, never a path.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")

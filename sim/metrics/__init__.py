@@ -11,6 +11,7 @@ from sim.metrics.tables import (
     layer_recall_table,
     layers_table,
     meets_slo,
+    rejected_by_reason,
     requests_table,
     steps_table,
     summarize,
@@ -20,6 +21,6 @@ from sim.metrics.tables import (
 
 __all__ = [
     "LAYER_COLUMNS", "LAYER_RECALL_COLUMNS", "REQUEST_COLUMNS", "STEP_COLUMNS", "SUMMARY_COLUMNS", "TIMELINE_COLUMNS",
-    "Recorder", "StepTotals", "layer_recall_table", "layers_table", "meets_slo", "requests_table", "steps_table",
-    "summarize", "timeline_table", "unfinished_counts",
+    "Recorder", "StepTotals", "layer_recall_table", "layers_table", "meets_slo", "rejected_by_reason",
+    "requests_table", "steps_table", "summarize", "timeline_table", "unfinished_counts",
 ]  # fmt: skip

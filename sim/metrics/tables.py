@@ -237,6 +237,14 @@ def unfinished_counts(requests: pd.DataFrame) -> dict[str, int]:
     return {"rejected": int(((reason != "") & ~incomplete).sum()), "incomplete": int(incomplete.sum())}
 
 
+def rejected_by_reason(requests: pd.DataFrame) -> dict[str, int]:
+    """``unfinished_reason`` → how many requests of one policy's table were rejected for it (they can never run
+    here), most frequent first; empty when none was. Requests cut by the horizon or left stuck are not rejected."""
+    reasons = requests["unfinished_reason"]
+    rejected = reasons[(reasons != "") & reasons.notna() & ~reasons.isin(INCOMPLETE_REASONS)]
+    return {str(reason): int(count) for reason, count in rejected.value_counts().items()}
+
+
 def _ratio(num: float, den: float) -> float:
     """num / den, or 0.0 when den is 0 (nothing was selected)."""
     return float(num) / float(den) if den else 0.0

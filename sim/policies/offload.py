@@ -67,7 +67,7 @@ class OffloadServing(Policy):
         super().__init__(scenario, name, params)
         self.link = LinkModel(self.hardware)  # one GPU's link share (tp_size)
         # recall per GPU of its own KV heads (self.model is one GPU's shard at tp_size > 1)
-        self.recall = RecallModel(self.model, params, scenario.recall_stats, self.link)
+        self.recall = RecallModel(self.model, params, scenario.recall_stats, self.link, scenario.run.kernels)
         bs = params.block_size
         self.window_blocks = -(-params.sink_tokens // bs) + -(-params.recent_tokens // bs) + 1
         self.full = params.selection == "all"

@@ -4,7 +4,7 @@ A static router decides every request's replica from the arrival order alone, so
 clock: replica ``i`` of a fleet can be simulated in its own SimPy environment, seeded and placed as in the whole
 fleet (``Fleet(..., indices=[i])``: the generator of ``(seed, seed_index, i)``, its node's host share), fed its
 own requests by :func:`feed` at the times the fleet's router submits them. :func:`run_replicas` runs them in a
-pool of ``workers`` processes (sim/workers.py: spawned, stopped together on Ctrl-C, SIGTERM or a failure) and
+pool of ``workers`` processes (workers/__init__.py: spawned, stopped together on Ctrl-C, SIGTERM or a failure) and
 returns one :class:`ReplicaOutcome` each, in replica order; ``simulate_cluster`` (sim/serving/cluster.py) merges
 them into the tables and summary the
 one-environment run gives (tests/sim/test_fleet_scale.py compares them).
@@ -38,7 +38,7 @@ from sim.metrics.physics import PhysicsBounds, bounds_of
 from sim.serving.arrivals import ArrivalSchedule, timeout_at
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
-from sim.workers import WorkerPool
+from workers import WorkerPool
 
 AUTO_MIN_REQUESTS = 2_000  # ``run.workers: auto`` starts a pool only for fleets serving at least this many requests
 

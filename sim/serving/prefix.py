@@ -107,11 +107,6 @@ class PrefixCache:
         """Evictable blocks a request would lock by taking ``path`` (they stop being evictable)."""
         return sum(n.blocks for n in path if n.refs == 0 and n.on_device)
 
-    def new_blocks(self, hash_ids: Sequence[int], prompt_tokens: int, block_tokens: int, path: list[Node]) -> int:
-        """Pool blocks the nodes a request would add after its hit ``path`` take."""
-        tokens = self._chain_tokens(hash_ids, prompt_tokens, block_tokens)[len(path) :]
-        return sum(-(-t // self.page_tokens) for t in tokens)
-
     def acquire(
         self, hash_ids: Sequence[int], prompt_tokens: int, block_tokens: int, now_s: float
     ) -> tuple[list[Node], int, int]:
@@ -218,19 +213,3 @@ def reload_forward_s(compute_s: float, load_s: float, num_layers: int) -> float:
     if load_s <= 0:
         return compute_s
     return max(compute_s, load_s) + load_s / num_layers
-
-
-def unbounded_hit_tokens(
-    hash_id_lists: Sequence[Sequence[int]], prompt_tokens: Sequence[int], block_tokens: int
-) -> list[int]:
-    """Hit tokens of each request in order against a cache that never evicts (what ``hash_ids`` allow).
-
-    Each request's chain is inserted after its match, so later requests can hit it.
-    """
-    cache = PrefixCache(1)
-    hits = []
-    for ids, prompt in zip(hash_id_lists, prompt_tokens):
-        path, hit, _ = cache.acquire(ids, int(prompt), block_tokens, 0.0)
-        cache.release(path, 0.0)
-        hits.append(hit)
-    return hits

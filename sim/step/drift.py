@@ -1,8 +1,12 @@
 """The recall state's one step-to-step recurrence (sim/step/recall.py ``RecallModel.run``): the AR(1) drift of a
 request's change fraction and its topic shifts, over k steps element by element. One source: numba compiles it when
-installed, plain Python runs it otherwise."""
+installed, plain Python runs it otherwise or under ``run.kernels: python`` (:func:`drift_kernel`, as
+sim/step/timing.py ``StepDevices`` picks sim/step/pipeline.py's ``compiled_time_steps``)."""
 
 from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,13 +35,31 @@ def drift_steps_py(x, left, z, starts, lengths, corr, scale, burst_prob, burst):
 _compiled: list = []  # the compiled drift_steps_py, made at the first call (numba is imported only when runs need it)
 
 
+def compiled_drift_steps() -> Callable:
+    """:func:`drift_steps_py` compiled by numba (cached on disk), compiled at the first call.
+
+    Raises:
+        ImportError: numba is not installed (``pip install 'pulseinfer[fast]'``).
+    """
+    if not _compiled:
+        from numba import njit
+
+        _compiled.append(njit(cache=True)(drift_steps_py))
+    return _compiled[0]
+
+
+def fast_drift(kernels: str) -> bool:
+    """Whether ``run.kernels`` (``auto``, ``python`` or ``numba``) runs the compiled recurrence: not ``python``, and
+    numba installed (found, not imported)."""
+    return kernels != "python" and importlib.util.find_spec("numba") is not None
+
+
+def drift_kernel(fast: bool) -> Callable:
+    """The recurrence to call: :func:`compiled_drift_steps` when ``fast`` (:func:`fast_drift`), else
+    :func:`drift_steps_py` as it is."""
+    return compiled_drift_steps() if fast else drift_steps_py
+
+
 def drift_steps(*args):
     """:func:`drift_steps_py`, compiled when numba is installed (the ``fast`` extra), else as it is."""
-    if not _compiled:
-        try:
-            from numba import njit
-
-            _compiled.append(njit(cache=True)(drift_steps_py))
-        except ImportError:  # pragma: no cover - exercised where numba is absent
-            _compiled.append(drift_steps_py)
-    return _compiled[0](*args)
+    return drift_kernel(fast_drift("auto"))(*args)

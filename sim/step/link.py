@@ -96,18 +96,10 @@ class LinkModel:
 
     # The scalar methods below are the per-layer formulas of :meth:`layer_times` for one value, so the
     # tests of these formulas exercise the code the simulator runs.
-    def transfer_s(self, size_bytes: float) -> float:
-        """Seconds for one transfer of ``size_bytes`` (0 for an empty one)."""
-        return float(self.copies_s(np.array([size_bytes], dtype=float))[0])
-
     def fragments_s(self, num_fragments: float, fragment_bytes: float, io: str = "per_fragment") -> float:
         """Link seconds for ``num_fragments`` fragments of ``fragment_bytes`` each (``per_fragment``,
         ``batched`` or ``gpu_gather``)."""
         return float(self.layer_times([num_fragments * fragment_bytes], [num_fragments], io)[1][0])
-
-    def gather_s(self, num_fragments: float, nbytes: float) -> float:
-        """Host seconds to gather ``num_fragments`` fragments totalling ``nbytes`` into the staging buffer."""
-        return float(self.layer_times([nbytes], [num_fragments], "gather_scatter")[0][0])
 
     def layer_times(
         self, nbytes: np.ndarray, fragments: np.ndarray, io: str, chunk_bytes: float = 0.0
@@ -173,7 +165,3 @@ class LinkModel:
         """:func:`sim.step.pipeline.h2d_slowdown` (where the layer pipeline's compiled source lives) on this card's
         coupling."""
         return h2d_slowdown(d2h_busy_s, step_s, self.d2h_coupling)
-
-    def achieved_gbps(self, nbytes: float, seconds: float) -> float:
-        """Bytes over seconds in GB/s (1e9 B/s); 0 when nothing moved."""
-        return nbytes / seconds / 1e9 if seconds > 0 else 0.0

@@ -41,7 +41,7 @@ import numpy as np
 from sim.config import ModelSpec, OffloadPolicy, RecallStatsSpec
 from sim.step.distributions import kumaraswamy_b
 from sim.step.draws import DrawStream, RecallDraws
-from sim.step.drift import drift_steps
+from sim.step.drift import drift_kernel, fast_drift
 from sim.step.link import LinkModel
 from sim.step.shared_cache import lru_hits
 
@@ -75,10 +75,16 @@ class RecallModel:
         policy: the offload policy (block size, budget, window, buffer, selection, io, miss_frac).
         stats: step-to-step selection statistics (per-layer change distribution, reuse).
         link: link and host-gather cost model.
+        kernels: ``run.kernels``: ``python`` runs the drift recurrence (sim/step/drift.py) as Python, else it is
+            compiled when numba is installed (imported at the first run that drifts).
     """
 
-    def __init__(self, model: ModelSpec, policy: OffloadPolicy, stats: RecallStatsSpec, link: LinkModel) -> None:
+    def __init__(
+        self, model: ModelSpec, policy: OffloadPolicy, stats: RecallStatsSpec, link: LinkModel, kernels: str = "auto"
+    ) -> None:
         self.num_layers = L = model.num_layers
+        self.fast_drift = fast_drift(kernels)
+        self.drift = None  # the drift recurrence (sim/step/drift.py drift_kernel), loaded at the first run that drifts
         self.selection, self.io, self.link = policy.selection, policy.io, link
         self.block_size = policy.block_size
         self.budget_blocks = policy.budget_tokens // policy.block_size
@@ -225,7 +231,9 @@ class RecallModel:
                     out.used += [(draws.burst, n), (geometric, n)]
                 else:
                     starts = lengths = np.zeros((k, n))
-                drift, lefts, shifting = drift_steps(
+                if self.drift is None:
+                    self.drift = drift_kernel(self.fast_drift)
+                drift, lefts, shifting = self.drift(
                     work[:, L].copy(), work[:, L + 1].copy(), z, starts, lengths, st.drift_corr, self.drift_scale,
                     st.burst_prob, burst,
                 )  # fmt: skip

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from pulseinfer.tables_io import write_result
 from sim.config import ScenarioError, load_scenario
 from sim.config.scenario import ServingSpec
 from sim.metrics import SUMMARY_COLUMNS
@@ -65,7 +66,7 @@ def test_a_fleet_is_the_cluster_path_with_per_replica_rows(tmp_path, router):
     summary = result.summary
     assert list(summary["num_replicas"]) == [3, 3] and set(summary["router"]) == {router}
     assert list(summary["gpus"]) == [3, 3]  # colocated, TP 1
-    written = result.write(tmp_path)
+    written = write_result(result, tmp_path)
     assert written[:2] == ["summary.csv", "replicas.csv"] and not any(w.startswith("steps") for w in written)
     table = pd.read_csv(tmp_path / "replicas.csv")
     assert list(table.columns) == ["policy", *REPLICA_COLUMNS] and len(table) == 6

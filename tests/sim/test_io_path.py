@@ -16,6 +16,7 @@ from sim.run import simulate
 from sim.step.link import LinkModel
 from sim.step.timing import StepDevices
 from tests.sim.oracles.step_timing import jobs4, run_events
+from tests.sim.oracles import link as link_oracle
 from tests.sim.oracles.steps import StepCost, run_step, step_cost, time_steps
 
 KIB, MIB = 1024, 1024 * 1024
@@ -122,14 +123,16 @@ def test_batched_copy_pays_one_call_and_a_small_cost_per_entry():
 
 def test_gpu_gather_rate_rises_with_fragment_size_to_its_peak():
     link = LinkModel(_hw(gpu_gather_gbps=35, gpu_gather_launch_us=5, gpu_gather_half_bytes=128))
-    rates = [link.achieved_gbps(1000 * s, link.fragments_s(1000, s, "gpu_gather") - 5e-6) for s in (128, 1024, 8192)]
+    rates = [
+        link_oracle.achieved_gbps(1000 * s, link.fragments_s(1000, s, "gpu_gather") - 5e-6) for s in (128, 1024, 8192)
+    ]
     assert rates[0] == pytest.approx(35 / 2) and rates[0] < rates[1] < rates[2] < 35
     # SparseServe's case (docs/sources.md §3.2): 4-32 token head blocks (1-8 KiB) > 20 GB/s on a Gen4 card,
     # where per-fragment copies stay below 5 GB/s
     a100 = LinkModel(HardwareSpec.model_validate(load_card("hardware", "a100-80gb")))
     for s in (1 * KIB, 8 * KIB):
-        assert a100.achieved_gbps(4096 * s, a100.fragments_s(4096, s, "gpu_gather")) > 20
-    assert a100.achieved_gbps(4096 * KIB, a100.fragments_s(4096, KIB, "per_fragment")) < 5
+        assert link_oracle.achieved_gbps(4096 * s, a100.fragments_s(4096, s, "gpu_gather")) > 20
+    assert link_oracle.achieved_gbps(4096 * KIB, a100.fragments_s(4096, KIB, "per_fragment")) < 5
 
 
 def test_unknown_io_mode_is_an_error():
@@ -213,12 +216,12 @@ def test_h2d_under_concurrent_d2h_case_nvbandwidth_53(card, published):
     env = simpy.Environment()
     dev = StepDevices(env, hw)
     nbytes = 256 * MIB
-    copy_s = LinkModel(hw).transfer_s(nbytes)
+    copy_s = link_oracle.transfer_s(LinkModel(hw), nbytes)
     dev.queue_d2h(0.0, 10 * copy_s * hw.d2h_bandwidth_gbps * 1e9)  # a prompt write outlasting the step
     cost = StepCost([copy_s / 4] * 4, [copy_s, 0.0, 0.0, 0.0], None, 0.0, nbytes, 1, 1, 1)
     proc = env.process(_run(dev, cost))
     env.run(until=proc)
-    ratio = LinkModel(hw).achieved_gbps(nbytes, proc.value.link_busy_s) / LinkModel(hw).achieved_gbps(nbytes, copy_s)
+    ratio = link_oracle.achieved_gbps(nbytes, proc.value.link_busy_s) / link_oracle.achieved_gbps(nbytes, copy_s)
     assert ratio == pytest.approx(published[1] / published[0], rel=0.05)
     idle = StepDevices(simpy.Environment(), hw)
     assert _timed(idle, cost).link_busy_s == copy_s  # no D2H work: no contention

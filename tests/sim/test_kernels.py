@@ -254,3 +254,29 @@ def test_numba_kernels_refused_without_numba(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
     with pytest.raises(ScenarioError, match=r"run\.kernels.*numba.*pulseinfer\[fast\]"):
         load_scenario("default", ["run.kernels=numba"])
+
+
+def test_python_kernels_run_the_drift_recurrence_as_python(monkeypatch):
+    """``run.kernels: python`` reaches the recall model's drift recurrence (sim/step/drift.py): the compiled
+    dispatcher is never asked for, the Python source runs, and every table equals the ``auto`` run's."""
+    from sim.step import drift
+
+    auto = simulate(load_scenario("default", OFFLOADED + ["run.kernels=auto"])).policies["pulseinfer"]
+
+    def refuse():
+        raise AssertionError("run.kernels=python asked for the compiled drift recurrence")
+
+    calls = []
+    python_source = drift.drift_steps_py
+
+    def counted(*args):
+        calls.append(1)
+        return python_source(*args)
+
+    monkeypatch.setattr(drift, "compiled_drift_steps", refuse)
+    monkeypatch.setattr(drift, "drift_steps_py", counted)
+    python = simulate(load_scenario("default", OFFLOADED + ["run.kernels=python"])).policies["pulseinfer"]
+    assert calls, "no offloaded step drifted: the scenario does not exercise the recurrence"
+    for name in ("steps", "requests", "layers", "layer_recall", "timeline"):
+        pd.testing.assert_frame_equal(getattr(python, name), getattr(auto, name), check_exact=True)
+    assert python.summary == auto.summary

@@ -8,6 +8,7 @@ from sim.config import HardwareSpec
 from sim.config.loader import load_card
 from sim.config.policy import IO_MODES
 from sim.step.link import LINK_IO_MODES, LinkModel
+from tests.sim.oracles import link as link_oracle
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -31,31 +32,33 @@ def test_per_fragment_loop_is_bound_by_the_call_cost():
 
 def test_coalesced_pays_latency_once():
     link = LinkModel(_hw(h2d_latency_us=2.0, h2d_bandwidth_gbps=50))
-    assert link.transfer_s(100 * 8 * KIB) == pytest.approx(2e-6 + 100 * 8 * KIB / 50e9, rel=1e-12)
-    assert link.transfer_s(0) == 0.0 and link.fragments_s(0, 8 * KIB) == 0.0
+    assert link_oracle.transfer_s(link, 100 * 8 * KIB) == pytest.approx(2e-6 + 100 * 8 * KIB / 50e9, rel=1e-12)
+    assert link_oracle.transfer_s(link, 0) == 0.0 and link.fragments_s(0, 8 * KIB) == 0.0
 
 
 def test_default_card_fragmented_recall_runs_at_a_few_gbps():
     """docs/sources.md §3.3: per-block memcpy of 4-32 token head blocks stays < 5 GB/s (SparseServe); a 3.45-3.98 µs
     call per copy (torchcomms PR #2195) puts 8 KiB copies near 2 GB/s."""
     link = LinkModel(_hw())
-    gbps = link.achieved_gbps(1000 * 8 * KIB, link.fragments_s(1000, 8 * KIB))
+    gbps = link_oracle.achieved_gbps(1000 * 8 * KIB, link.fragments_s(1000, 8 * KIB))
     assert 1.5 < gbps < 5.0
 
 
 def test_default_card_coalesced_recall_approaches_peak():
     link = LinkModel(_hw())
-    gbps = link.achieved_gbps(8 * MIB, link.transfer_s(8 * MIB))
+    gbps = link_oracle.achieved_gbps(8 * MIB, link_oracle.transfer_s(link, 8 * MIB))
     assert gbps > 0.95 * _hw().h2d_bandwidth_gbps
 
 
 def test_size_table_is_log_interpolated():
     table = [(4 * KIB, 2.0), (64 * KIB, 20.0), (64 * MIB, 50.0)]
     link = LinkModel(_hw(h2d_size_table=table))
-    assert link.transfer_s(64 * KIB) == pytest.approx(64 * KIB / 20e9)
+    assert link_oracle.transfer_s(link, 64 * KIB) == pytest.approx(64 * KIB / 20e9)
     mid = 16 * KIB  # halfway between 4 KiB and 64 KiB in log size → halfway in rate
-    assert link.transfer_s(mid) == pytest.approx(mid / 11e9)
-    assert link.transfer_s(1 * KIB) == pytest.approx(1 * KIB / 2e9)  # below the table: nearest point's rate
+    assert link_oracle.transfer_s(link, mid) == pytest.approx(mid / 11e9)
+    assert link_oracle.transfer_s(link, 1 * KIB) == pytest.approx(
+        1 * KIB / 2e9
+    )  # below the table: nearest point's rate
 
 
 @pytest.mark.parametrize("table", [[(4096, 2.0)], [(65536, 2.0), (4096, 20.0)]], ids=["one_point", "falling_sizes"])
@@ -67,7 +70,7 @@ def test_bad_size_table_is_rejected_with_its_field(table):
 def test_gather_cost_splits_over_threads():
     link = LinkModel(_hw(host_gather_threads=4, host_gather_gbps_per_thread=10, host_gather_fragment_us=0.5))
     n, nbytes = 64, 64 * 128 * KIB
-    assert link.gather_s(n, nbytes) == pytest.approx((n * 0.5e-6 + nbytes / 10e9) / 4, rel=1e-12)
+    assert link_oracle.gather_s(link, n, nbytes) == pytest.approx((n * 0.5e-6 + nbytes / 10e9) / 4, rel=1e-12)
 
 
 def test_d2h_coupling_slows_h2d_in_proportion_to_d2h_busy_time():

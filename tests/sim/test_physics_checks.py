@@ -253,7 +253,7 @@ def test_a_cluster_subtracts_the_mean_backlog_of_its_replicas():
 def test_the_console_says_when_d2h_writes_are_still_queued_at_the_end():
     import pandas as pd
 
-    from sim.metrics.report import format_summary
+    from pulseinfer.report import format_summary
 
     row = {"policy": "p", "duration_s": 10.0, "d2h_busy_frac": 1.0}
     text = format_summary(pd.DataFrame([{**row, "d2h_backlog_s": 5.0}, {**row, "policy": "q", "d2h_backlog_s": 0.0}]))
@@ -305,7 +305,7 @@ def test_nan_busy_fractions_pass_only_when_the_duration_is_undefined():
 def test_the_console_says_when_nothing_arrived_before_the_horizon():
     import pandas as pd
 
-    from sim.metrics.report import format_summary
+    from pulseinfer.report import format_summary
 
     text = format_summary(pd.DataFrame([{"policy": "p", "duration_s": np.nan}, {"policy": "q", "duration_s": 1.0}]))
     assert "note: nothing arrived before the horizon (p)" in text

@@ -13,9 +13,10 @@ from sim.config import load_scenario
 from sim.policies import make_policy
 from sim.run import simulate, simulate_policy
 from sim.serving.kv import KvState
-from sim.serving.prefix import PrefixCache, reload_forward_s, unbounded_hit_tokens
+from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import Request
 from sim.workload import load_workload
+from tests.sim.oracles.prefix import unbounded_hit_tokens
 
 BT = 512  # Mooncake's tokens per hash block
 

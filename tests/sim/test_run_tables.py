@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from plots.tables import read_table, table_path
 from pulseinfer.cli import EXIT_BAD_INPUT, main
+from pulseinfer.tables_io import write_result
 from sim.config import ScenarioError, load_scenario
 from sim.config.files import resolve_table_format
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Recorder, requests_table
@@ -223,7 +224,7 @@ def test_cluster_summary_is_the_same_in_both_modes():
 
 def test_summary_only_writes_summary_requests_and_scenario(full_and_summary, tmp_path):
     _, only = full_and_summary
-    written = only.write(tmp_path)
+    written = write_result(only, tmp_path)
     table = "requests.parquet" if importlib.util.find_spec("pyarrow") else "requests.csv"
     assert written == ["summary.csv", table, "scenario.yaml"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
@@ -235,7 +236,7 @@ def test_csv_tables_read_back(full_and_summary, tmp_path):
     scenario = full.scenario.model_copy(update={"run": full.scenario.run.model_copy(update={"table_format": "csv"})})
     full.scenario, saved = scenario, full.scenario
     try:
-        written = full.write(tmp_path)
+        written = write_result(full, tmp_path)
     finally:
         full.scenario = saved
     assert written == [
@@ -254,7 +255,7 @@ def test_parquet_round_trip_is_exact(full_and_summary, tmp_path):
     )
     full.scenario, saved = scenario, full.scenario
     try:
-        written = full.write(tmp_path)
+        written = write_result(full, tmp_path)
     finally:
         full.scenario = saved
     assert "steps.parquet" in written and not (tmp_path / "steps.csv").exists()

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from plots.tables import read_table
+from pulseinfer.tables_io import write_result
 from sim.config import ScenarioError, load_scenario
 from sim.metrics import requests_table
 from sim.run import simulate
@@ -50,7 +51,7 @@ def _scenario(trace: Path, *overrides: str):
 def test_second_request_is_issued_at_first_finish_plus_think_time(tmp_path, prefill):
     trace = _sessions(tmp_path / "s", [_req(0.0, 4000, 30, 0.0), _req(40.0, 4500, 20, 2.5)])
     result = simulate(_scenario(trace, f"serving.prefill={prefill}"))
-    result.write(tmp_path / "out")
+    write_result(result, tmp_path / "out")
     requests = read_table(tmp_path / "out", "requests").set_index("request_id")
     assert requests.loc[0, "arrival_s"] == 0.0
     assert requests.loc[0, "finish_s"] > 0.0

@@ -1,5 +1,5 @@
 """The highest rate at which a feasibility test holds, by doubling or halving to a bracket and then bisecting
-geometrically (``plan``'s max rate per replica, sim/study/plan.py). Model assumption: feasibility falls with rate."""
+geometrically (``plan``'s max rate per replica, study/plan.py). Model assumption: feasibility falls with rate."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import pandas as pd
 import yaml
 
 from sim.config.loader import load_scenario, policy_presets
-from sim.study.search import OBJECTIVES, SearchConfig, nan_float
-from sim.study.space import override
+from study.search import OBJECTIVES, SearchConfig, nan_float
+from study.space import override
 
 
 @dataclass

@@ -11,9 +11,9 @@ import os
 import pandas as pd
 import pytest
 
-from sim.study.plan import PlanConfig, run_plan
-from sim.study.slo import TailSlo
-from sim.study.sweep import SweepConfig, run_sweep
+from study.plan import PlanConfig, run_plan
+from study.slo import TailSlo
+from study.sweep import SweepConfig, run_sweep
 
 from .conftest import CONSTANT, TINY
 

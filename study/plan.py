@@ -1,7 +1,7 @@
 """Capacity planning: the highest request rate one replica sustains under a tail SLO, and the fewest
 replicas that serve a target rate, for each hardware × policy (after Vidur-Search). The procedure, the
-steady-state check (sim/study/steady.py) and the fleet/single-replica agreement are in docs/search.md
-"Capacity planning"; :func:`~sim.study.bisection.bisect_max_rate`, :meth:`CellPlanner.fewest_replicas` and
+steady-state check (study/steady.py) and the fleet/single-replica agreement are in docs/search.md
+"Capacity planning"; :func:`~study.bisection.bisect_max_rate`, :meth:`CellPlanner.fewest_replicas` and
 :func:`agree_with_single` say exactly what each does.
 
 Model assumption: feasibility falls with rate (bisection needs it; a simulator with preemption can be
@@ -26,11 +26,11 @@ from sim.metrics.bill import deployment_gpus, usd_per_million
 from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
-from sim.study.bisection import Bisection, bisect_max_rate
-from sim.study.executors import FieldError, run_tasks
-from sim.study.slo import TailSlo
-from sim.study.steady import MIN_SAMPLE_REQUESTS, delivered_frac, steady_problem
 from sim.workload import load_workload
+from study.bisection import Bisection, bisect_max_rate
+from study.executors import FieldError, run_tasks
+from study.slo import TailSlo
+from study.steady import MIN_SAMPLE_REQUESTS, delivered_frac, steady_problem
 
 PLAN_COLUMNS = [
     "hardware", "policy", "max_rate_per_s", "tpot_p99_s", "ttft_p99_s", "decode_tokens_per_s",
@@ -378,7 +378,7 @@ def run_plan(
     ray_address: str | None = None,
 ) -> pd.DataFrame:
     """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes, ``backend="ray"``
-    as Ray tasks (:func:`sim.study.executors.run_tasks`, which stops them on Ctrl-C, SIGTERM or a failed cell).
+    as Ray tasks (:func:`study.executors.run_tasks`, which stops them on Ctrl-C, SIGTERM or a failed cell).
 
     Args:
         on_sim: called after each simulation (serial runs only).

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario, scenarios_dir
-from sim.study.executors import FieldError
+from study.executors import FieldError
 
 DEFAULT_TABLE = "accuracy/smollm2-2k.csv"  # under scenarios/
 TABLE_COLUMNS = ["selection", "budget_tokens", "mass_mean", "mass_worst_head", "rel_l2", "argmax_agreement", "kl_nats"]
@@ -197,7 +197,7 @@ class AccuracySlo:
 
 
 def split_slo(text: str | None) -> tuple[str | None, dict[str, float]]:
-    """Split ``--slo`` text into the tail part (for :func:`sim.study.slo.parse_slo`; None if empty) and the
+    """Split ``--slo`` text into the tail part (for :func:`study.slo.parse_slo`; None if empty) and the
     accuracy bounds.
 
     Raises:

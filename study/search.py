@@ -6,13 +6,13 @@ Lifecycle of ``run_search(cfg, total_trials, jobs)``:
 1. :func:`prepare_study` opens the storage (a journal file or an RDB URL), creates or loads the study, and checks
    that a loaded study was made with the same objective, space, SLO and base scenario.
 2. The missing trials (``total_trials`` minus the finished ones) are split over ``jobs`` worker processes
-   (:class:`sim.workers.WorkerPool`), each with its own seeded TPE sampler, stopping once the study holds
+   (:class:`workers.WorkerPool`), each with its own seeded TPE sampler, stopping once the study holds
    ``total_trials`` finished trials; a trial cut short is marked failed and ``interrupted`` and not counted.
 3. A trial applies the sampled parameters as ``--set`` items, simulates the searched policy once with the
    scenario's fixed seed (:func:`sim.run.policy_summary`) and records every summary metric as a user attribute.
-   Constraints: :meth:`sim.study.slo.TailSlo.violations` and :meth:`AccuracySlo.violations` (<= 0 is feasible). A
+   Constraints: :meth:`study.slo.TailSlo.violations` and :meth:`AccuracySlo.violations` (<= 0 is feasible). A
    combination the scenario rejects fails the trial (state ``FAIL``, ``error`` column).
-4. :func:`sim.study.search_results.collect_results` writes ``trials.csv``, ``pareto.csv`` and ``best.yaml``.
+4. :func:`study.search_results.collect_results` writes ``trials.csv``, ``pareto.csv`` and ``best.yaml``.
 
 Determinism: a trial's metrics depend only on its parameters (fixed simulation seed). With one job on
 a fresh study the sampler seed is a function of ``cfg.seed``, so the whole search repeats exactly.
@@ -37,13 +37,13 @@ from sim.config import ScenarioError, load_scenario
 from sim.metrics import SUMMARY_COLUMNS
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError
-from sim.study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
-from sim.study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
-from sim.study.executors import FieldError
-from sim.study.slo import TailSlo
-from sim.study.space import SearchSpace, override
-from sim.workers import WorkerPool
 from sim.workload import load_workload
+from study.accuracy import OUTPUTS as ACCURACY_OUTPUTS
+from study.accuracy import AccuracyError, AccuracySlo, accuracy_columns, policy_accuracy
+from study.executors import FieldError
+from study.slo import TailSlo
+from study.space import SearchSpace, override
+from workers import WorkerPool
 
 # objective name → ((summary column, direction), ...)
 OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -85,7 +85,7 @@ class SearchConfig:
     objective: str = "goodput"
     overrides: tuple[str, ...] = ()  # the user's --set items
     seed: int = 0  # sampler seed; trials always simulate with the scenario's own seed
-    accuracy: AccuracySlo | None = None  # accuracy table and bounds (sim/study/accuracy.py); None: not used
+    accuracy: AccuracySlo | None = None  # accuracy table and bounds (study/accuracy.py); None: not used
 
     @property
     def metric_columns(self) -> list[str]:
@@ -364,7 +364,7 @@ def run_search(
         run_worker(cfg, missing, total_trials, existing, 0, evaluate, on_progress)
         return study
     poll = (lambda: on_progress(num_finished(study))) if on_progress else None
-    # the pool stops its workers on Ctrl-C, SIGTERM or a failed worker (sim/study/executors.py)
+    # the pool stops its workers on Ctrl-C, SIGTERM or a failed worker (study/executors.py)
     with WorkerPool(min(jobs, missing)) as pool:
         futures = [
             pool.submit(run_worker, cfg, share, total_trials, existing, i, evaluate)

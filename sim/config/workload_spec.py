@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.config.base import PositiveFloat, PositiveInt, Spec
 from sim.config.checks import synthetic_size_problem
+from sim.config.spec import PositiveFloat, PositiveInt, Spec
 
 
 class ColumnsSpec(Spec):

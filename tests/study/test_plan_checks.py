@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from sim.study.bisection import bisect_max_rate
-from sim.study.plan import MIN_REL_TOL, PlanConfig, PlanError, check_plan
-from sim.study.slo import TailSlo
+from study.bisection import bisect_max_rate
+from study.plan import MIN_REL_TOL, PlanConfig, PlanError, check_plan
+from study.slo import TailSlo
 
 
 def _config(**changes) -> PlanConfig:

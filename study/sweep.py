@@ -4,11 +4,11 @@
 are described in docs/search.md "Sweeps": :func:`resolve_points` resolves and validates every point before anything
 runs; a point's result is a pure function of its resolved scenario (:func:`sim.run.policy_summary`, generator index
 0), cached under :func:`cache_key` by :class:`PointCache`; missing points run grouped by (grid values, seed) on
-:func:`sim.study.executors.run_tasks`, and only this process writes the cache, each group as it finishes.
+:func:`study.executors.run_tasks`, and only this process writes the cache, each group as it finishes.
 
 :func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
 ``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
-``rejected``/``incomplete``, the interpolated accuracy columns (``sim.study.accuracy``) and ``error`` (a
+``rejected``/``incomplete``, the interpolated accuracy columns (``study.accuracy``) and ``error`` (a
 point whose model does not fit: :class:`~sim.serving.kv.CapacityError`'s message, metrics NaN). The table does not
 depend on the backend, the job count or the order points finish in.
 """
@@ -40,10 +40,10 @@ from sim.metrics.physics import PhysicsBounds, bounds_of, physics_violations
 from sim.policies import make_policy
 from sim.run import policy_summary
 from sim.serving.kv import CapacityError
-from sim.study.accuracy import AccuracySlo, accuracy_columns, output_columns
-from sim.study.executors import FieldError, run_tasks
-from sim.study.slo import TailSlo
 from sim.workload import load_workload
+from study.accuracy import AccuracySlo, accuracy_columns, output_columns
+from study.executors import FieldError, run_tasks
+from study.slo import TailSlo
 
 METRIC_COLUMNS = [c for c in SUMMARY_COLUMNS if c != "policy"] + ["rejected", "incomplete"]
 RESERVED_KEYS = {"policies": "--policies", "seed": "--seeds"}  # grid keys set by the sweep itself
@@ -121,9 +121,10 @@ def check_config(cfg: SweepConfig) -> None:
 
 @cache
 def code_version() -> str:
-    """``pulseinfer <version> src <digest>``: the digest covers every ``.py`` file of ``sim`` and ``traces``."""
+    """``pulseinfer <version> src <digest>``: the digest covers every ``.py`` file of ``sim``, ``study`` (the sweep's
+    own columns) and ``traces``."""
     digest = hashlib.sha256()
-    for package in ("sim", "traces"):
+    for package in ("sim", "study", "traces"):
         root = Path(__import__(package).__file__).parent
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from sim.config import ScenarioError
-from sim.study.accuracy import AccuracySlo, load_accuracy_table
-from sim.study.executors import ExecutorError, run_tasks
-from sim.study.slo import TailSlo
-from sim.study.sweep import (
+from study.accuracy import AccuracySlo, load_accuracy_table
+from study.executors import ExecutorError, run_tasks
+from study.slo import TailSlo
+from study.sweep import (
     PointCache,
     SweepConfig,
     SweepError,

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from pulseinfer.cli import main
-from sim.study.plan import PlanConfig, agree_with_single, plan_cell
-from sim.study.slo import TailSlo
-from sim.study.steady import (
+from study.plan import PlanConfig, agree_with_single, plan_cell
+from study.slo import TailSlo
+from study.steady import (
     MIN_SAMPLE_REQUESTS,
     delivered_frac,
     delivered_rate,

@@ -15,7 +15,7 @@ until the worker has its start-up data (else the half-started worker dies printi
 ``multiprocessing/spawn.py``), and a new worker blocks SIGINT and SIGHUP as its first act, before it imports the
 simulator, so a Ctrl-C at start-up does not print its ``KeyboardInterrupt`` from every worker.
 
-Used by the studies (sim/study/executors.py: sweeps, plans, searches), the serving-suite fit
+Used by the studies (study/executors.py: sweeps, plans, searches), the serving-suite fit
 (calibrate/serving_fit.py) and a round-robin fleet's replicas (sim/serving/fleet_pool.py).
 """
 

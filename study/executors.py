@@ -14,7 +14,7 @@ is and left running). Ray is an optional extra, imported only here and only for 
 A task that raises re-raises its exception here (the first failure to come back).
 
 Stopping. Whatever leaves a pool early (a task's exception, Ctrl-C, the CLI's SIGTERM and SIGHUP) stops its workers
-at once instead of waiting for their tasks: the local pool as sim/workers.py describes (the one process pool of the
+at once instead of waiting for their tasks: the local pool as workers/__init__.py describes (the one process pool of the
 project); on Ray every pending task is cancelled, and a Ray this process started is shut down. Results that came
 back before the stop were already handed to ``on_done``.
 """
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sim.workers import HELD_SIGNALS, POLL_S, WorkerPool, signals_held
+from workers import HELD_SIGNALS, POLL_S, WorkerPool, signals_held
 
 BACKENDS = ("local", "ray")
 RAY_EXTRA = "pip install -e '.[ray]'"

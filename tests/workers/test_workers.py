@@ -1,4 +1,4 @@
-"""The worker pool's start-up windows (sim/workers.py): a signal while ``submit`` spawns a worker waits until the
+"""The worker pool's start-up windows (workers/__init__.py): a signal while ``submit`` spawns a worker waits until the
 spawn is done, and a new worker holds SIGINT and SIGHUP off from its first act."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from sim.workers import WorkerPool
+from workers import WorkerPool
 
 POSIX = pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
 

@@ -1,11 +1,12 @@
-"""Human-readable rendering of the summary: two narrow tables (service, then memory and I/O) in display
-units, and one line per reason requests were rejected. The CSV keeps every column at full precision in SI units."""
+"""Human-readable rendering of the summary for ``pulseinfer simulate``: two narrow tables (service, then memory and
+I/O) in display units, the bill, a fleet's replicas, and one line per reason requests were rejected (counted by
+``sim.metrics.rejected_by_reason``). The CSV keeps every column at full precision in SI units."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from sim.serving.request import INCOMPLETE_REASONS
+from sim.metrics import rejected_by_reason
 
 # unfinished_reason of a request that can never run (sim/serving/admission.py ``never_fits``) → why, in words
 REJECTION_REASONS = {
@@ -120,10 +121,8 @@ def rejection_lines(requests: pd.DataFrame, max_seq_len: int, kv_pool_gib: float
         requests: the policy's requests table (``unfinished_reason`` column).
         max_seq_len: the model's context (tokens); kv_pool_gib: one GPU's device KV pool (2**30 bytes).
     """
-    reasons = requests["unfinished_reason"]
-    rejected = reasons[(reasons != "") & reasons.notna() & ~reasons.isin(INCOMPLETE_REASONS)]
     lines = []
-    for reason, count in rejected.value_counts().items():
+    for reason, count in rejected_by_reason(requests).items():
         why = REJECTION_REASONS.get(reason, reason).format(max_seq_len=max_seq_len, kv_pool_gib=kv_pool_gib)
         lines.append(f"rejected: {count} — {why}")
     return lines

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pulseinfer.cli import main
 from sim.config import load_scenario
-from sim.study.accuracy import (
+from study.accuracy import (
     AccuracyError,
     AccuracySlo,
     load_accuracy_table,
@@ -22,10 +22,10 @@ from sim.study.accuracy import (
     policy_selection,
     split_slo,
 )
-from sim.study.search import SearchConfig, run_search
-from sim.study.search_results import collect_results
-from sim.study.slo import TailSlo
-from sim.study.space import parse_space
+from study.search import SearchConfig, run_search
+from study.search_results import collect_results
+from study.slo import TailSlo
+from study.space import parse_space
 
 from .conftest import TINY
 
@@ -153,7 +153,7 @@ def test_pareto_kl_front_trades_throughput_for_kl(tmp_path):
             "kl_nats": [0.01, 0.02, 0.001, 0.0],
         }
     )
-    from sim.study.search_results import pareto_front
+    from study.search_results import pareto_front
 
     assert list(pareto_front(front, "kl_nats")["trial"]) == [0, 2]  # 1 is dominated by 0; 3 is infeasible
     assert np.all(np.diff(pareto_front(front, "kl_nats")["decode_tokens_per_s"]) <= 0)
@@ -166,7 +166,7 @@ def test_cli_refuses_a_bad_accuracy_bound_in_one_line(tmp_path, capsys):
 
 
 def test_the_shipped_accuracy_space_stays_inside_the_measured_budgets():
-    from sim.study.space import check_space, load_space
+    from study.space import check_space, load_space
 
     space = load_space("pulseinfer-accuracy")
     check_space(space, "default", [])

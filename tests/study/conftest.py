@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.study.search import SearchConfig
-from sim.study.slo import TailSlo
-from sim.study.space import parse_space
+from study.search import SearchConfig
+from study.slo import TailSlo
+from study.space import parse_space
 
 # 30 requests, 12k-token prompts, 40 output tokens, colocated prefill: one simulation takes ~0.1 s.
 TINY = [

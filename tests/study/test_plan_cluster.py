@@ -12,10 +12,10 @@ from pulseinfer.cli import main
 from sim.config import load_scenario
 from sim.run import policy_summary
 from sim.serving.cluster import LeastTokensRouter, RoundRobinRouter, simulate_cluster
-from sim.study.bisection import bisect_max_rate
-from sim.study.plan import PLAN_COLUMNS, CellPlanner, PlanConfig, plan_cell
-from sim.study.slo import TailSlo
 from sim.workload import load_workload
+from study.bisection import bisect_max_rate
+from study.plan import PLAN_COLUMNS, CellPlanner, PlanConfig, plan_cell
+from study.slo import TailSlo
 
 
 def _plan_config(overrides: list[str], slo: TailSlo, **kw) -> PlanConfig:

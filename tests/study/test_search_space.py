@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from pulseinfer.cli import EXIT_BAD_INPUT, main
-from sim.study.slo import TailSlo, parse_slo
-from sim.study.space import SpaceError, check_space, load_space, parse_space
+from study.slo import TailSlo, parse_slo
+from study.space import SpaceError, check_space, load_space, parse_space
 
 
 def _params(spec: dict) -> dict:

@@ -11,10 +11,10 @@ import pytest
 from pulseinfer.cli import main
 from sim.config import load_scenario
 from sim.run import simulate
-from sim.study.search import SearchError, StudyMismatch, run_search
-from sim.study.search_results import collect_results, pareto_front
-from sim.study.slo import TailSlo
-from sim.study.space import parse_space
+from study.search import SearchError, StudyMismatch, run_search
+from study.search_results import collect_results, pareto_front
+from study.slo import TailSlo
+from study.space import parse_space
 
 
 def _trials(cfg, total: int, jobs: int = 1) -> pd.DataFrame:
@@ -194,7 +194,7 @@ def test_search_cli_refuses_a_storage_file_that_is_no_journal_and_leaves_it_unto
 
 
 def test_a_journal_storage_may_be_absent_empty_or_a_study_journal(tiny_config, tmp_path):
-    from sim.study.search import check_journal_file
+    from study.search import check_journal_file
 
     journal = tmp_path / "j.journal"
     check_journal_file(str(journal))  # absent
