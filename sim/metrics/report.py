@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sim.serving.request import INCOMPLETE_REASONS
+from sim.metrics.outcomes import INCOMPLETE_REASONS
 
 # unfinished_reason of a request that can never run (sim/serving/admission.py ``never_fits``) → why, in words
 REJECTION_REASONS = {
@@ -81,7 +81,7 @@ def format_bill(summary: pd.DataFrame) -> str:
 
 
 def format_replicas(replicas: pd.DataFrame) -> str:
-    """A fleet's per-replica rows (sim/serving/cluster.py ``REPLICA_COLUMNS``) in display units."""
+    """A fleet's per-replica rows (sim/metrics/fleet.py ``REPLICA_COLUMNS``) in display units."""
     return _table(replicas, REPLICAS)
 
 
