@@ -48,6 +48,7 @@ from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.kv import KvState, device_pool_blocks
 from sim.serving.offload_run import offload_runs_possible
+from sim.serving.policy_admission import admission_of
 from sim.serving.prefill import Prefill
 from sim.serving.prefix import PrefixCache
 from sim.serving.request import DecodeBatch, Request
@@ -85,7 +86,7 @@ class Replica(Prefill, SkipAhead):
     ) -> None:
         self.env, self.scenario, self.policy, self.rec = env, scenario, policy, recorder
         self.draws = RecallDraws(rng)  # the recall model's streams, spawned from the replica's generator
-        self.admission = policy.admission
+        self.admission = admission_of(policy)
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
         self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
