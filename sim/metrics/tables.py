@@ -37,8 +37,8 @@ import numpy as np
 import pandas as pd
 
 from sim.config import GIB, SloSpec
+from sim.metrics.outcomes import INCOMPLETE_REASONS
 from sim.metrics.recorder import Recorder
-from sim.serving.request import INCOMPLETE_REASONS
 
 STEP_COLUMNS = [
     "step_id", "phase", "start_s", "duration_s", "batch_size", "num_offloaded", "prefill_tokens",

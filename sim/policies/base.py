@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 
 from sim.config import DensePolicy, Scenario
 from sim.config.parallel import per_gpu_hardware, shard_model
-from sim.serving.admission import Admission, AdmissionParams
-from sim.serving.decode_admission import DecodeAdmission
 from sim.step.compute import ComputeModel
 from sim.step.cost import DecodeRun
 from sim.step.draws import RecallDraws
@@ -36,26 +32,6 @@ class Policy:
         )
         tpot_ms = scenario.slo.tpot_ms
         self.tpot_slo_s = tpot_ms * 1e-3 if tpot_ms is not None else None  # per-request TPOT bound, if any
-
-    @cached_property
-    def admission(self) -> Admission:
-        """Who joins this policy's batch (sim/serving/admission.py), built on first use (one per policy object, so
-        one per replica): SGLang's decode budget (``decode_scheduler: sglang_pd``) or the memory rule."""
-        params = self.admission_params()
-        return DecodeAdmission(params) if self.params.decode_scheduler == "sglang_pd" else Admission(params)
-
-    def admission_params(self) -> AdmissionParams:
-        """What admission takes from this policy: its knobs and its block accounting."""
-        return AdmissionParams(
-            knobs=self.params,
-            max_offloaded=0,
-            kv_bytes_per_token=self.model.kv_bytes_per_token,
-            max_seq_len=self.model.max_seq_len,
-            blocks_one=self.blocks_one,
-            growth_one=self.growth_one,
-            growth_blocks=self.growth_blocks,
-            wants_offload=self.wants_offload,
-        )
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         """Whether a request with this prompt runs offloaded (sparse recall)."""

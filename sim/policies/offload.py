@@ -43,15 +43,10 @@ correction is charged to the same item.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import cached_property
-
 import numpy as np
 
 from sim.config import OffloadPolicy, Scenario, SelectionProfile
 from sim.policies.base import Policy
-from sim.serving.admission import Admission, AdmissionParams, IoBoundParams
-from sim.serving.io_admission import IoAdaptiveAdmission
 from sim.step.cost import DecodeRun
 from sim.step.draws import RecallDraws
 from sim.step.link import LinkModel
@@ -102,29 +97,13 @@ class OffloadServing(Policy):
         self.event_wait_s = params.event_wait_us * 1e-6 if pays else 0.0
         self._recall_table = np.zeros((0, 4))  # the recall costs of 0, 1, ... fragments (step_costs)
 
-    @cached_property
-    def admission(self) -> Admission:
-        """Memory-only admission, or the IO-adaptive kind with this policy's recall-vs-compute bound (an offload
-        policy does not read ``decode_scheduler``: it never takes SGLang's decode budget)."""
-        params = self.admission_params()
-        return IoAdaptiveAdmission(params) if params.io is not None else Admission(params)
-
-    def admission_params(self) -> AdmissionParams:
-        """:meth:`Policy.admission_params` with the offloaded-slot cap and, for ``admission: io_adaptive``, the
-        inputs of the I/O bound: one warm and one cold request's expected per-layer I/O-path seconds."""
-        params, io = self.params, None
-        if params.admission == "io_adaptive":
-            fb = self.recall.fragment_bytes
-            warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
-            io = IoBoundParams(
-                self.layer_path_s(warm * fb, warm),
-                self.layer_path_s(cold * fb, cold),
-                self.sparse_tokens,
-                self.tpot_slo_s,
-                self.compute,
-                self.cache_holds,
-            )
-        return replace(super().admission_params(), max_offloaded=params.max_offloaded_requests, io=io)
+    def io_layer_s(self) -> tuple[float, float]:
+        """Expected per-layer I/O-path seconds (:meth:`layer_path_s`) of one warm offloaded request and of one cold
+        one (its recall buffer empty: it recalls its whole selection): what IO-adaptive admission's bound takes
+        (sim/serving/policy_admission.py)."""
+        fb = self.recall.fragment_bytes
+        warm, cold = (self.recall.expected_layer_fragments(c) for c in (False, True))
+        return self.layer_path_s(warm * fb, warm), self.layer_path_s(cold * fb, cold)
 
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens

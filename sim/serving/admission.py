@@ -1,7 +1,8 @@
 """Admission: which queued requests join the running batch, dense or offloaded (SGLang ``PrefillAdder`` rules,
 plus docs/design.md §5 mechanism 4, IO-adaptive offloading admission, as we read it; the rules: docs/design.md §10).
 
-Admission takes plain parameters from the policy (:class:`AdmissionParams`; it imports nothing from sim/policies).
+Admission takes plain parameters from the policy (:class:`AdmissionParams`; it imports nothing from sim/policies);
+sim/serving/policy_admission.py builds them, and the admission a policy's replica asks, from the policy.
 The replica asks it, at each scheduler iteration, to walk the waiting queue (:meth:`Admission.select`) and reports
 each decode step (:meth:`Admission.on_decode_run`; a single step is a run of one) and preemption. Each rule is one
 predicate over plain numbers, asked about the decision now (``select``) or about the next m decisions at once (the
@@ -55,8 +56,8 @@ class IoBoundParams:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionParams:
-    """What admission takes from the policy (``Policy.admission_params``): the policy section's knobs and the
-    policy's block accounting, as plain values and functions."""
+    """What admission takes from the policy (built by sim/serving/policy_admission.py ``admission_params``): the
+    policy section's knobs and the policy's block accounting, as plain values and functions."""
 
     knobs: DensePolicy  # the policy section (sim/config/policy.py): batch cap, new_token_ratio, clip, PD reserve, ...
     max_offloaded: int  # most requests offloaded at once (0: the policy offloads none)

@@ -4,12 +4,12 @@ A driver that submits requests at their arrival times (``Replica.arrivals``, the
 waits ``arrival_s − now`` for each, and SimPy fires that timeout at ``now + (arrival_s − now)``.
 :class:`ArrivalSchedule` computes those times with the same floating-point operations rather than assuming they
 equal ``arrival_s`` (tests/sim/test_arrivals.py checks them against SimPy), so a run of decode steps
-(sim/serving/decode_run.py, sim/serving/offload_run.py) can tell exactly which step an arrival falls in and never
+(sim/serving/decode.py, sim/serving/decode_run.py) can tell exactly which step an arrival falls in and never
 end at an arrival: when a run's last step and an arrival end at the same instant, stepping processes whichever
 SimPy scheduled first, and a run's one timeout, scheduled at its start, would be processed before an arrival whose
 timeout was scheduled inside the run (docs/design.md §13).
 
-:func:`timeout_at` is an event at an exact time (a cut run's end, sim/serving/skip_ahead.py; a worker's copy of the
+:func:`timeout_at` is an event at an exact time (a cut run's end, sim/serving/decode.py; a worker's copy of the
 router's clock, sim/serving/fleet_pool.py), where ``env.timeout(time_s − now)`` could land a rounding away.
 """
 

@@ -16,41 +16,33 @@ Routers (``ROUTERS``):
   ``prefix_cache``, or disaggregated prefill, where the decode side keeps none) it is ``least_tokens``.
   Model assumption: the router sees every replica's cache as it is (llm-d and Dynamo track it from KV events).
 
-In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → :class:`ClusterResult`
-(one request table with a ``replica`` column; one summary row over the cluster; one row per replica,
-:data:`REPLICA_COLUMNS`). ``pulseinfer simulate`` runs it when ``serving.replicas`` > 1 (sim/run.py).
+In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → ``ClusterResult`` (one request
+table with a ``replica`` column; one summary row over the cluster; one row per replica, ``REPLICA_COLUMNS``: the
+replicas' outcomes merged and checked by sim/metrics/fleet.py ``fleet_result``). ``pulseinfer simulate`` runs it
+when ``serving.replicas`` > 1 (sim/run.py).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from sim.config import GIB, Scenario
-from sim.metrics import Recorder, StepTotals, summarize, unfinished_counts
-from sim.metrics.physics import check_clock, check_physics
+from sim.config import Scenario
+from sim.metrics.fleet import ClusterResult, fleet_result
+from sim.metrics.physics import check_clock
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects
-from sim.serving.fleet_pool import ReplicaOutcome, outcome_of, pool_size, run_replicas
+from sim.serving.fleet_pool import outcome_of, pool_size, run_replicas
 from sim.serving.replica import Replica
 from sim.serving.request import Request
 
 ROUTERS = ("round_robin", "least_tokens")  # plan's default routers
 PREFIX_ROUTER = "prefix_aware"
 ALL_ROUTERS = (*ROUTERS, PREFIX_ROUTER)  # = the serving.router choices (sim/config/scenario.py)
-# One row per replica (ClusterResult.replicas): requests routed to it, its decode tokens over the fleet's duration,
-# TPOT percentiles of its finished requests (s), its mean decode batch, its peak HBM (GiB, weights + reserve + peak
-# KV pool use) and its H2D link busy time over the fleet's duration.
-REPLICA_COLUMNS = [
-    "replica", "requests", "decode_tokens_per_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "peak_hbm_gib",
-    "link_busy_frac",
-]  # fmt: skip
 
 
 class RoundRobinRouter:
@@ -127,17 +119,6 @@ def make_router(kind: str, num_replicas: int, replicas: list[Replica] | None = N
     raise ValueError(f"router: unknown {kind!r} (known: {', '.join(ALL_ROUTERS)})")
 
 
-@dataclass
-class ClusterResult:
-    """One cluster run."""
-
-    requests: pd.DataFrame  # requests_table rows plus a ``replica`` column, by request_id
-    summary: dict  # SUMMARY_COLUMNS over the cluster + num_replicas, router, rejected, incomplete
-    routed: list[int]  # requests sent to each replica
-    replicas: pd.DataFrame  # REPLICA_COLUMNS, one row per replica
-    kv_pool_gib: float  # one GPU's device KV pool (2**30 bytes)
-
-
 def simulate_cluster(
     scenario: Scenario,
     workload: pd.DataFrame,
@@ -168,7 +149,7 @@ def simulate_cluster(
         check_clock(scenario, workload, probe.policy.compute)
         outcomes = run_replicas(scenario, workload, policy_name, num_replicas, seed_index, workers, on_finish)
         routed = [len(o.requests) for o in outcomes]
-        return _cluster_result(scenario, outcomes, policy_name, router, routed)
+        return fleet_result(scenario, outcomes, policy_name, router, routed)
     fleet = Fleet(scenario, policy_name, num_replicas, seed_index, on_finish)
     picker = make_router(router, num_replicas, fleet.replicas)
     check_clock(scenario, workload, fleet.replicas[0].policy.compute)
@@ -183,7 +164,7 @@ def simulate_cluster(
     # A static router (round robin) decides every request's replica in advance: a replica then stops only at its own
     # arrivals, so its runs do not end at every arrival of the fleet and the cost stays linear in the replicas.
     # Behind a load-aware router a replica's runs pass every arrival and the one routed to it cuts its run in
-    # progress (sim/serving/skip_ahead.py ``cut_run``): its choice reads only outstanding tokens and prefix caches,
+    # progress (sim/serving/decode.py ``Decode.cut_run``): its choice reads only outstanding tokens and prefix caches,
     # which no run changes before its end (a run ends at its first finish, evicts nothing).
     static = isinstance(picker, RoundRobinRouter)
     own = [schedule.subset(np.arange(i, len(reqs), num_replicas)) for i in range(num_replicas)] if static else None
@@ -193,7 +174,7 @@ def simulate_cluster(
             replica.cut_runs, replica.ties = True, schedule
     fleet.run(_route(fleet.env, fleet.replicas, reqs, picker, routed, schedule, own))
     outcomes = [outcome_of(r, rec, fleet.env.now) for r, rec in zip(fleet.replicas, fleet.recorders)]
-    return _cluster_result(scenario, outcomes, policy_name, router, routed)
+    return fleet_result(scenario, outcomes, policy_name, router, routed)
 
 
 def _route(
@@ -225,64 +206,3 @@ def _route(
     schedule.next_index = len(reqs)
     for replica in replicas:
         replica.close()
-
-
-def _cluster_result(
-    scenario: Scenario, outcomes: list[ReplicaOutcome], policy_name: str, router: str, routed: list[int]
-) -> ClusterResult:
-    """Merge the replicas' outcomes (one environment or worker processes) into the cluster's tables and summary."""
-    recs, first = [o.recorder for o in outcomes], outcomes[0]
-    tables = [o.requests.assign(replica=i) for i, o in enumerate(outcomes)]
-    requests = pd.concat(tables, ignore_index=True).sort_values("request_id", kind="stable").reset_index(drop=True)
-    merged = Recorder(scenario.model.num_layers, scenario.run.layer_bin_s, keep_steps=False)
-    merged.totals = functools.reduce(StepTotals.merged, [rec.totals for rec in recs])
-    merged.decode_tokens = sum(rec.decode_tokens for rec in recs)
-    merged.link_busy_s = sum(rec.link_busy_s for rec in recs) / len(recs)  # per-replica mean
-    merged.gather_busy_s = sum(rec.gather_busy_s for rec in recs) / len(recs)
-    merged.d2h_busy_s = sum(rec.d2h_busy_s for rec in recs) / len(recs)
-    end_s = _end_s(scenario, requests, max(o.end_now_s for o in outcomes))
-    # the merged queue ends its mean backlog after the run (summarize subtracts it)
-    merged.d2h_free_s = end_s + sum(max(0.0, rec.d2h_free_s - end_s) for rec in recs) / len(recs)
-    merged.num_preemptions = sum(rec.num_preemptions for rec in recs)
-    summary = summarize(
-        policy_name, requests, merged, scenario.slo, first.fixed_hbm_bytes, first.block_bytes,
-        end_s, max(o.peak_blocks for o in outcomes),
-    )  # fmt: skip
-    summary["prefill_busy_frac"] /= len(outcomes)  # summed over replicas by summarize
-    link_busy_s = sum(rec.link_busy_s for rec in recs)  # the bytes are every replica's: so is the busy time
-    summary["link_gbps_achieved"] = merged.totals.decode_recall_bytes / link_busy_s / 1e9 if link_busy_s else 0.0
-    # replicas on a fuller node share their host path more: the link bound is the least shared replica's
-    check_physics(summary, max((o.bounds for o in outcomes), key=lambda b: b.link_gbps), scenario)
-    summary.update(num_replicas=len(outcomes), router=router, **unfinished_counts(requests))
-    rows = [
-        _replica_row(i, n, table, o.recorder, first.fixed_hbm_bytes, first.block_bytes, summary["duration_s"])
-        for i, (n, table, o) in enumerate(zip(routed, tables, outcomes))
-    ]
-    pool_gib = first.capacity_blocks * first.block_bytes / GIB
-    return ClusterResult(requests, summary, routed, pd.DataFrame(rows, columns=REPLICA_COLUMNS), pool_gib)
-
-
-def _end_s(scenario: Scenario, requests: pd.DataFrame, now_s: float) -> float:
-    """When the run ended (``Fleet.end_s`` of the clock ``now_s``): the last finish, or the clock when a horizon cut it
-    (or nothing finished)."""
-    end_s = float(requests["finish_s"].max()) if scenario.run.horizon_s is None else now_s
-    return now_s if np.isnan(end_s) else end_s
-
-
-def _replica_row(
-    index: int, routed: int, requests: pd.DataFrame, rec: Recorder, fixed_hbm_bytes: int, block_bytes: int,
-    duration_s: float,
-) -> dict:  # fmt: skip
-    """One :data:`REPLICA_COLUMNS` row; rates and busy fractions over the fleet's ``duration_s``."""
-    tpot = requests.loc[requests["finished"], "tpot_s"].dropna()
-    t = rec.totals
-    return {
-        "replica": index,
-        "requests": routed,
-        "decode_tokens_per_s": rec.decode_tokens / duration_s,
-        "tpot_p50_s": float(np.percentile(tpot, 50)) if len(tpot) else np.nan,
-        "tpot_p99_s": float(np.percentile(tpot, 99)) if len(tpot) else np.nan,
-        "mean_batch": t.decode_batch_sum / t.decode_steps if t.decode_steps else 0.0,
-        "peak_hbm_gib": (fixed_hbm_bytes + t.peak_kv_used_blocks * block_bytes) / GIB,
-        "link_busy_frac": rec.link_busy_s / duration_s,
-    }

@@ -16,7 +16,7 @@ Runs cut by arrivals (:attr:`cut_runs`, a replica behind a load-aware router, si
 choice at an arrival reads each replica's outstanding tokens (and prefix cache), which change only at arrivals and at
 finishes, and no request finishes inside a run (a run ends at the first finish), so a replica's run need not end at
 arrivals routed elsewhere. It is computed up to its own events (its remote prefills, the horizon) and waited for as
-usual; an arrival routed here while it is in progress (:meth:`SkipAhead.cut_run`) cuts it at the first of its step
+usual; an arrival routed here while it is in progress (:meth:`Decode.cut_run`) cuts it at the first of its step
 boundaries after the first instant the arrival can reach the scheduler — where stepping first decides with it seen
 — and the replica applies that prefix of the run (``cut_run``, ``OffloadedRun.cut``). Colocated (or with free
 prefill) that instant is the arrival: the request queues here. With remote prefill the arrival only sends the

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.serving.kv import KvState
+from sim.serving.policy_admission import admission_of
 from sim.serving.request import DecodeBatch, Request
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def fitting_steps(
     k = int(np.searchsorted(need, free, side="right")) if need[-1] > free else steps
     # the scheduler decides again before each later step: the run ends where a queued request would join
     free_blocks = free - need[: max(0, k - 1)]
-    k = min(k, 1 + policy.admission.quiet_decisions(waiting, b, kv, free_blocks, disaggregated))
+    k = min(k, 1 + admission_of(policy).quiet_decisions(waiting, b, kv, free_blocks, disaggregated))
     return k, ctx, held, need
 
 

@@ -18,10 +18,11 @@ import simpy
 from simpy.core import EmptySchedule, StopSimulation
 
 from sim.config import Scenario
+from sim.metrics.outcomes import HORIZON, STUCK
 from sim.metrics.recorder import Recorder
 from sim.policies import make_policy
 from sim.serving.replica import Replica
-from sim.serving.request import HORIZON, STUCK, Request
+from sim.serving.request import Request
 
 
 def request_objects(workload: pd.DataFrame) -> list[Request]:

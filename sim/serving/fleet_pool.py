@@ -5,9 +5,8 @@ clock: replica ``i`` of a fleet can be simulated in its own SimPy environment, s
 fleet (``Fleet(..., indices=[i])``: the generator of ``(seed, seed_index, i)``, its node's host share), fed its
 own requests by :func:`feed` at the times the fleet's router submits them. :func:`run_replicas` runs them in a
 pool of ``workers`` processes (workers/__init__.py: spawned, stopped together on Ctrl-C, SIGTERM or a failure) and
-returns one :class:`ReplicaOutcome` each, in replica order; ``simulate_cluster`` (sim/serving/cluster.py) merges
-them into the tables and summary the
-one-environment run gives (tests/sim/test_fleet_scale.py compares them).
+returns one ``ReplicaOutcome`` (sim/metrics/fleet.py) each, in replica order; ``fleet_result`` (sim/metrics/fleet.py)
+merges them into the tables and summary the one-environment run gives (tests/sim/test_fleet_scale.py compares them).
 
 Same times, same order: the router submits arrival ``m`` after waiting ``arrival_s − now`` from the fleet's
 previous arrival (sim/serving/arrivals.py), and SimPy orders events of one instant by when they were scheduled. So
@@ -26,7 +25,6 @@ import multiprocessing
 import os
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -34,7 +32,8 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics import Recorder, requests_table
-from sim.metrics.physics import PhysicsBounds, bounds_of
+from sim.metrics.fleet import ReplicaOutcome
+from sim.metrics.physics import bounds_of
 from sim.serving.arrivals import ArrivalSchedule, timeout_at
 from sim.serving.fleet import Fleet, request_objects
 from sim.serving.replica import Replica
@@ -43,22 +42,8 @@ from workers import WorkerPool
 AUTO_MIN_REQUESTS = 2_000  # ``run.workers: auto`` starts a pool only for fleets serving at least this many requests
 
 
-@dataclass
-class ReplicaOutcome:
-    """What the merge needs of one replica's run (picklable: no SimPy object, no Request)."""
-
-    requests: pd.DataFrame  # requests_table of its finished, rejected and unfinished requests
-    recorder: Recorder  # its totals (requests list emptied)
-    peak_blocks: int  # its device KV pool's peak use (blocks)
-    capacity_blocks: int  # its device KV pool (blocks)
-    fixed_hbm_bytes: int  # weights + reserve + policy reservations
-    block_bytes: int
-    bounds: PhysicsBounds  # its GPU's physical bounds (sim/metrics/physics.py)
-    end_now_s: float  # its environment's clock when the run ended
-
-
 def outcome_of(replica: Replica, recorder: Recorder, now_s: float) -> ReplicaOutcome:
-    """A replica's :class:`ReplicaOutcome` after its run (its recorder's request list is emptied)."""
+    """A replica's ``ReplicaOutcome`` after its run (its recorder's request list is emptied)."""
     table = requests_table(recorder.requests)
     recorder.requests = []
     kv = replica.kv

@@ -48,6 +48,7 @@ from sim.serving.admission import OK
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.decode import Decode, offload_runs_possible
 from sim.serving.kv import KvState, device_pool_blocks
+from sim.serving.policy_admission import admission_of
 from sim.serving.prefill import Prefill
 from sim.serving.prefix import PrefixCache
 from sim.serving.request import DecodeBatch, Request
@@ -84,7 +85,7 @@ class Replica(Prefill, Decode):
     ) -> None:
         self.env, self.scenario, self.policy, self.rec = env, scenario, policy, recorder
         self.draws = RecallDraws(rng)  # the recall model's streams, spawned from the replica's generator
-        self.admission = policy.admission
+        self.admission = admission_of(policy)
         self.on_finish = on_finish or (lambda r: None)
         model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
         self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
@@ -155,7 +156,7 @@ class Replica(Prefill, Decode):
     ) -> None:
         """Skip-ahead's bounds when this replica's arrivals are fixed in advance (``schedule``: its own, ``requests``
         its requests in the same order; None: behind a load-aware router, whose arrivals cut its runs instead,
-        sim/serving/skip_ahead.py) and the only other events in the environment are the driver's, the horizon and
+        sim/serving/decode.py) and the only other events in the environment are the driver's, the horizon and
         its own remote prefills. The horizon is a hard bound (a run ends before the step it falls in: the simulation
         stops there). The others reach the scheduler only at its next decision (an arrival queues for prefill, a
         prefill queues its request; no step in flight reads what they change), so they are soft bounds: with remote

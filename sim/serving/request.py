@@ -14,8 +14,6 @@ import numpy as np
 import simpy
 
 NAN = math.nan
-HORIZON, STUCK = "horizon", "stuck"  # why a cut run left a request unfinished
-INCOMPLETE_REASONS = (HORIZON, STUCK)  # any other unfinished_reason is a rejection (the request can never run)
 
 
 @dataclass(slots=True)

@@ -58,8 +58,3 @@ def drift_kernel(fast: bool) -> Callable:
     """The recurrence to call: :func:`compiled_drift_steps` when ``fast`` (:func:`fast_drift`), else
     :func:`drift_steps_py` as it is."""
     return compiled_drift_steps() if fast else drift_steps_py
-
-
-def drift_steps(*args):
-    """:func:`drift_steps_py`, compiled when numba is installed (the ``fast`` extra), else as it is."""
-    return drift_kernel(fast_drift("auto"))(*args)

@@ -144,7 +144,7 @@ def preload_kernels(kernels: str = "auto") -> None:
     """Load the compiled kernels a run that recalls uses (numba's import and its cached machine code, ~0.4 s once per
     process) by calling each on a tiny input, so a simulation that will offload pays it before its event loop rather
     than at its first offloaded step (``Fleet.preload_kernels``). Changes no state of any simulation."""
-    from sim.step.drift import drift_steps
+    from sim.step.drift import drift_kernel, fast_drift
 
     devices = StepDevices(None, None, kernels)
     one, recalls = np.ones((1, 1)), np.ones(1, dtype=np.int64)
@@ -153,4 +153,6 @@ def preload_kernels(kernels: str = "auto") -> None:
         devices.time_run(run, 0.0, 0.0)
     z = np.zeros((1, 1))
     z.flags.writeable = False  # the streams' views are read-only: load that signature
-    drift_steps(np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False)
+    drift_kernel(fast_drift(kernels))(
+        np.zeros(1), np.zeros(1), z, np.zeros((1, 1)), np.zeros((1, 1)), 0.5, 0.5, 0.0, False
+    )

@@ -19,6 +19,7 @@ from sim.serving import io_admission
 from sim.serving.admission import memory_waits
 from sim.serving.io_admission import PHI_MAX, PHI_MIN, RecallBudget
 from sim.serving.kv import KvState
+from sim.serving.policy_admission import admission_of
 from sim.serving.request import DecodeBatch, Request
 from tests.sim.oracles import admission as oracle
 
@@ -81,7 +82,7 @@ def test_feedback_of_k_steps_equals_k_runs_of_one(policy):
     scenario = load_scenario("default", [])
     rng = np.random.default_rng(3)
     for _ in range(200):
-        a, b = make_policy(scenario, policy).admission, make_policy(scenario, policy).admission
+        a, b = admission_of(make_policy(scenario, policy)), admission_of(make_policy(scenario, policy))
         ratio = float(rng.choice([a.ratio_min, rng.uniform(0.0, 1.0)]))
         a.new_token_ratio = b.new_token_ratio = ratio
         if hasattr(a, "budget"):
@@ -157,7 +158,7 @@ def test_select_and_quiet_decisions_equal_the_per_step_reference(policy, disaggr
     """The decision now (``select``) and at each of the next m decisions (``quiet_decisions``, the skip-ahead
     planner's question) equal the per-step reference asked after each step, near the admission edge."""
     pol = make_policy(load_scenario("default", overrides), policy)
-    adm, bs, steps = pol.admission, pol.block_size, 40
+    adm, bs, steps = admission_of(pol), pol.block_size, 40
     capacity, block_bytes = 2_000_000, bs * pol.model.kv_bytes_per_token
     rng = np.random.default_rng(11)
 
@@ -271,7 +272,7 @@ def test_one_rule_decides_now_and_ahead(monkeypatch, policy, disaggregated, over
     """Mutation: a rule perturbed in its one place changes both the decision now (``select``) and the skip-ahead
     planner's answer (``quiet_decisions``)."""
     pol = make_policy(load_scenario("default", overrides), policy)
-    adm = pol.admission
+    adm = admission_of(pol)
     rng = np.random.default_rng(5)
     batch, head = _random_state(rng, pol, disaggregated, 8)
     free = np.full(8, 10**6, dtype=np.int64)

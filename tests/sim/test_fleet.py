@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sim.config import load_scenario
+from sim.metrics.outcomes import HORIZON, STUCK
 from sim.serving.fleet import Fleet
-from sim.serving.request import HORIZON, STUCK, Request
+from sim.serving.request import Request
 
 SMALL = ["workload.max_requests=5", "run.progress=false", "policies=sglang"]
 

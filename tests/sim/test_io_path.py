@@ -15,8 +15,8 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.step.link import LinkModel
 from sim.step.timing import StepDevices
-from tests.sim.oracles.step_timing import jobs4, run_events
 from tests.sim.oracles import link as link_oracle
+from tests.sim.oracles.step_timing import jobs4, run_events
 from tests.sim.oracles.steps import StepCost, run_step, step_cost, time_steps
 
 KIB, MIB = 1024, 1024 * 1024

@@ -23,7 +23,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.replica import Replica
 from sim.step.draws import RecallDraws
-from sim.step.drift import drift_steps, drift_steps_py
+from sim.step.drift import compiled_drift_steps, drift_steps_py
 from tests.sim.oracles.steps import commit_recall, recall_step
 from tests.sim.test_skip_ahead import SHORT, SMALL_POOL, _assert_equal
 
@@ -171,7 +171,9 @@ def test_compiled_drift_equals_python(n, k, seed, burst):
     rng = np.random.default_rng(seed)
     x, left = rng.normal(size=n), rng.integers(0, 3, n).astype(float)
     z, starts, lengths = rng.normal(size=(k, n)), rng.random((k, n)), rng.geometric(0.4, (k, n)).astype(float)
-    a = drift_steps(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
+    a = compiled_drift_steps()(
+        x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0
+    )
     b = drift_steps_py(x.copy(), left.copy(), z, starts, lengths, 0.35, float(np.sqrt(1 - 0.35**2)), burst, burst > 0)
     for got, want in zip(a, b, strict=True):
         np.testing.assert_array_equal(got, want)

@@ -13,6 +13,7 @@ from sim.run import simulate
 from sim.serving.admission import OK
 from sim.serving.decode_admission import DecodeAdmission
 from sim.serving.kv import KvState
+from sim.serving.policy_admission import admission_of
 from sim.serving.request import DecodeBatch, Request
 
 R, CLIP = 512, 4096  # SGLang's num_reserved_decode_tokens and max_new_tokens clip
@@ -37,12 +38,12 @@ def _admits(adm: DecodeAdmission, kv: KvState, batch: DecodeBatch, req: Request)
 
 
 def test_the_sglang_preset_uses_the_decode_rule():
-    assert isinstance(_policy().admission, DecodeAdmission)
+    assert isinstance(admission_of(_policy()), DecodeAdmission)
 
 
 @pytest.mark.parametrize("slack", [0, -1])
 def test_decode_admission_threshold_by_hand(slack):
-    adm = _policy().admission
+    adm = admission_of(_policy())
     batch = _running(prompt=10_000, generated=100, output=6_000)  # output clipped at 4096 in the estimate
     retractable = 10_000 + 100
     single = 10_000 + CLIP - retractable
@@ -59,18 +60,18 @@ def test_decode_admission_threshold_by_hand(slack):
 def test_decode_admission_counts_each_admitted_request_against_the_reserve(capacity, admitted):
     # The k-th 1000-token request (k = 0, 1, 2) needs 1000 + R free beyond R for each of the k admitted before
     # it: three fit exactly when the pool holds 3 · 1000 + 3 · R tokens.
-    adm = _policy().admission
+    adm = admission_of(_policy())
     kv = KvState(capacity, 0, 1, 0)
     reqs = deque(Request(i, 0.0, 1000, 10, generated=1) for i in range(3))
     assert len(list(adm.select(reqs, DecodeBatch(), kv, 0, lambda: True, True))) == admitted
 
 
 def test_new_token_ratio_after_a_retraction_is_sglangs_estimate():
-    adm = _policy().admission
+    adm = admission_of(_policy())
     batch = _running(prompt=100, generated=50, output=400)
     adm.on_preempt(batch)
     assert adm.new_token_ratio == pytest.approx(min(1.0, (50 + 20 * 1) / (400 + 1)))
-    reset = _policy("policy.sglang.retract_ratio=reset").admission
+    reset = admission_of(_policy("policy.sglang.retract_ratio=reset"))
     reset.new_token_ratio = 0.2
     reset.on_preempt(batch)
     assert reset.new_token_ratio == reset.ratio_init

@@ -20,6 +20,7 @@ from sim.policies import make_policy
 from sim.run import simulate
 from sim.serving.cluster import simulate_cluster
 from sim.serving.kv import KvState
+from sim.serving.policy_admission import admission_of
 from sim.serving.prefix import PrefixCache
 from sim.serving.replica import Replica
 from sim.serving.request import DecodeBatch, Request
@@ -269,7 +270,7 @@ def test_quiet_decisions_equal_stepping_the_state(policy, disaggregated, prefix,
     """Admission.quiet_decisions' prediction equals asking ``select`` after each step, near the admission edge."""
     scenario = load_scenario("default", overrides)
     pol = make_policy(scenario, policy)
-    adm, bs = pol.admission, pol.block_size
+    adm, bs = admission_of(pol), pol.block_size
     rng = np.random.default_rng(7)
     block_bytes, capacity, steps = bs * pol.model.kv_bytes_per_token, 400_000, 48
     edges = 0
