@@ -54,7 +54,6 @@ from sim.serving.admission import Admission, AdmissionParams, IoBoundParams
 from sim.serving.io_admission import IoAdaptiveAdmission
 from sim.step.cost import StepCost, StepCosts
 from sim.step.draws import RecallDraws, as_draws
-from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
 
@@ -65,7 +64,7 @@ class OffloadServing(Policy):
 
     def __init__(self, scenario: Scenario, name: str, params: OffloadPolicy) -> None:
         super().__init__(scenario, name, params)
-        self.link = LinkModel(self.hardware)  # one GPU's link share (tp_size)
+        self.link = self.gpu.link  # one GPU's link share (tp_size)
         # recall per GPU of its own KV heads (self.model is one GPU's shard at tp_size > 1)
         self.recall = RecallModel(self.model, params, scenario.recall_stats, self.link)
         bs = params.block_size

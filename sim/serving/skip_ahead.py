@@ -99,7 +99,7 @@ class SkipAhead:
         admission feedback and request times equal what :meth:`_decode_step` gives step by step. Returns False,
         having done nothing, when no run qualifies."""
         env, b = self.env, self.batch
-        if self.chunked is not None or self.swap_s > 0:
+        if self.chunked is not None or self.swap_end_s > env.now:
             return False
         next_s, arrivals = self.next_event_s(), self.arrivals_ahead
         soft_s = self.soft_event_s()
