@@ -5,9 +5,9 @@ identical is checked by running this before and after (or in two worktrees) and 
     python scripts/fingerprints.py --compare a.json b.json  # which tables moved
 
 Runs (each policy of each run gives a requests table, and a steps table where the run keeps one; summary values are
-fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2 (remote and colocated prefill), the SGLang
-HiCache preset (colocated),
-skip-ahead off on a short sample, and three-replica fleets behind both routers.
+fingerprinted too): the default scenario as shipped, colocated prefill, a horizon, TP 2 (remote and colocated
+prefill), the SGLang HiCache preset (colocated), skip-ahead off on a short sample, and three-replica fleets behind
+both routers.
 """
 
 from __future__ import annotations
