@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from sim.config import load_scenario
-from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.metrics import unfinished_counts
 from sim.metrics.bill import deployment_gpus, usd_per_million
 from sim.run import simulate_policy, summary_only
 from sim.serving.cluster import ROUTERS, simulate_cluster
 from sim.serving.kv import device_pool_blocks
+from sim.step.gpu import GpuView
 from sim.workload import load_workload
 from study.bisection import Bisection, bisect_max_rate
 from study.executors import FieldError, run_tasks
@@ -214,9 +214,8 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
     for hardware in cfg.hardware:
         for policy in cfg.policies:
             scenario = CellPlanner(cfg, hardware, policy).scenario(cfg.max_requests, None)
-            tp = scenario.serving.tp_size
-            model, hw = shard_model(scenario.model, tp), per_gpu_hardware(scenario.hardware, tp)
-            device_pool_blocks(model, hw, scenario.policy[policy].block_size)
+            gpu = GpuView.of(scenario)
+            device_pool_blocks(gpu.model, gpu.hardware, scenario.policy[policy].block_size)
 
 
 def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> list[dict]:

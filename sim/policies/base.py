@@ -5,18 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config import DensePolicy, Scenario
-from sim.config.parallel import per_gpu_hardware, shard_model
 from sim.step.compute import ComputeModel
 from sim.step.cost import DecodeRun
 from sim.step.draws import RecallDraws
+from sim.step.gpu import GpuView
 
 
 class Policy:
     """Base class: what every policy shares with SGLang-like continuous batching.
 
     Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and, where their steps
-    are not always recall-free, :meth:`step_costs`. ``model`` and ``hardware`` are what one GPU of the replica holds
-    and sees (``serving.tp_size``, sim/config/parallel.py): KV bytes, weights and link rates are per GPU.
+    are not always recall-free, :meth:`step_costs`. ``gpu`` is one GPU of the replica (sim/step/gpu.py ``GpuView``,
+    ``serving.tp_size``): its ``model`` and ``hardware``, which the policy keeps as its own names, are what that GPU
+    holds and sees (KV bytes, weights and link rates are per GPU), and its transfers go through its ``link``.
     """
 
     def __init__(self, scenario: Scenario, name: str, params: DensePolicy) -> None:
@@ -24,8 +25,8 @@ class Policy:
         self.params = params
         self.block_size = params.block_size
         tp = scenario.serving.tp_size
-        self.model = shard_model(scenario.model, tp)  # one GPU's shard (the card itself at tp_size 1)
-        self.hardware = per_gpu_hardware(scenario.hardware, tp)
+        self.gpu = GpuView.of(scenario)
+        self.model, self.hardware = self.gpu.model, self.gpu.hardware  # one GPU's shard, the card as it sees it
         profile = scenario.profile
         self.compute = ComputeModel(
             self.model, self.hardware, profile.compute if profile else None, tp, scenario.engine

@@ -49,7 +49,6 @@ from sim.config import OffloadPolicy, Scenario, SelectionProfile
 from sim.policies.base import Policy
 from sim.step.cost import DecodeRun
 from sim.step.draws import RecallDraws
-from sim.step.link import LinkModel
 from sim.step.recall import RecallModel
 
 
@@ -60,7 +59,7 @@ class OffloadServing(Policy):
 
     def __init__(self, scenario: Scenario, name: str, params: OffloadPolicy) -> None:
         super().__init__(scenario, name, params)
-        self.link = LinkModel(self.hardware)  # one GPU's link share (tp_size)
+        self.link = self.gpu.link  # one GPU's link share (tp_size)
         # recall per GPU of its own KV heads (self.model is one GPU's shard at tp_size > 1)
         self.recall = RecallModel(self.model, params, scenario.recall_stats, self.link, scenario.run.kernels)
         bs = params.block_size

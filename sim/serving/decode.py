@@ -135,9 +135,8 @@ class Decode:
                 b.blocks = grown[1][0]
                 break
             self._preempt()
-        if self.swap_s > 0:  # retraction offloads and resume loads block the scheduler (synchronous copies)
-            swap_s, self.swap_s = self.swap_s, 0.0
-            yield from self.devices.run_forward(swap_s)
+        if self.swap_end_s > self.env.now:  # retraction offloads and resume loads block the scheduler until they end
+            yield from self.devices.run_forward(self.swap_end_s - self.env.now)
         if not len(b):
             return
         run = self._next_run(1, extra_s, grown)
@@ -150,7 +149,7 @@ class Decode:
         """Skip-ahead: run the next decode steps at once while nothing but the step index changes (:meth:`_next_run`
         with ``k_max`` > 1); the clock, step rows, admission feedback and request times equal what
         :meth:`_decode_step` gives step by step. Returns False, having done nothing, when no run qualifies."""
-        if self.chunked is not None or self.swap_s > 0:
+        if self.chunked is not None or self.swap_end_s > self.env.now:
             return False
         run = self._next_run(decode_run.MAX_RUN_STEPS)
         if run is None:

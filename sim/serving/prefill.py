@@ -95,7 +95,8 @@ class Prefill:
         for req in self._admitted(len(self.batch), lambda: True):
             req.prefilled = req.prefill_target
             if req.swapped:  # load its KV back from host (SGLang decode resume_retracted_reqs → load_kv_cache)
-                self.swap_s += req.prefill_target * self.policy.model.kv_bytes_per_token / self.h2d_bps
+                end_s = self.gpu.swap_in(self.devices, self.env.now, req.prefill_target)  # on the link, FIFO
+                self.swap_end_s = max(self.swap_end_s, end_s)
                 req.swapped = False
             if math.isnan(req.decode_admit_s):  # the client's first token streams from here (PD)
                 req.decode_admit_s = self.env.now
@@ -130,9 +131,9 @@ class Prefill:
         done = [r for r, take in chunks if r.prefilled + take >= r.prefill_target]
         duration = self.policy.compute.prefill_s([(take, r.prefilled) for r, take in chunks], len(done))
         reload_tokens = sum(r.reload_tokens for r, _ in chunks)
-        if reload_tokens:  # HiCache: host-tier prefix KV loads back layer-wise during this forward
-            load_s = reload_tokens * self.policy.model.kv_bytes_per_token / self.h2d_bps
-            duration = reload_forward_s(duration, load_s, self.policy.model.num_layers)
+        if reload_tokens:  # HiCache: host-tier prefix KV loads back (on the link) layer-wise during this forward
+            wait_s, load_s = self.gpu.hicache_load(self.devices, start, reload_tokens)
+            duration = wait_s + reload_forward_s(duration, load_s, self.gpu.num_layers)
             for r, _ in chunks:
                 r.reload_tokens = 0
         # HiCache (sim/serving/prefix.py): host-tier bookkeeping before the forward, new nodes written through after
@@ -152,7 +153,7 @@ class Prefill:
         for r, take in chunks:
             r.prefilled += take
         self._write_offloaded_prompts(chunks)
-        self.devices.queue_d2h(self.env.now, write_tokens * self.policy.model.kv_bytes_per_token)
+        self.gpu.write_through(self.devices, self.env.now, write_tokens)
         now = self.env.now
         joining = []
         for r in done:
@@ -170,11 +171,11 @@ class Prefill:
         self._record_prefill(start, len(chunks), sum(r.offloaded for r, _ in chunks), tokens)
 
     def _write_offloaded_prompts(self, chunks: list[tuple[Request, int]]) -> None:
-        """Queue on the D2H link the prompt KV a colocated prefill just computed for offloaded requests: it
+        """Queue on the D2H queue the prompt KV a colocated prefill just computed for offloaded requests: it
         must reach host DRAM (model assumption: written after the forward, not layer by layer during it).
         A preempted request's KV is released and recomputed, so preemption writes nothing."""
         tokens = sum(take for r, take in chunks if r.offloaded)
-        self.devices.queue_d2h(self.env.now, tokens * self.scenario.model.kv_bytes_per_token)
+        self.gpu.write_back(self.devices, self.env.now, tokens)  # this GPU's shard of their KV
 
     def _record_prefill(self, start_s: float, batch_size: int, num_offloaded: int, prefill_tokens: int) -> None:
         kv = self.kv

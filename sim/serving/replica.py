@@ -87,15 +87,17 @@ class Replica(Prefill, Decode):
         self.draws = RecallDraws(rng)  # the recall model's streams, spawned from the replica's generator
         self.admission = admission_of(policy)
         self.on_finish = on_finish or (lambda r: None)
-        model, hw, block_size = policy.model, policy.hardware, policy.params.block_size  # per GPU
+        # one GPU of the replica (sim/step/gpu.py): its shard of the model, its card, its transfers; the replica reads
+        # the model and the card only through it
+        self.gpu = gpu = policy.gpu
+        model, hw, block_size = gpu.model, gpu.hardware, policy.params.block_size
         self.disaggregated = scenario.serving.prefill in ("disaggregated", "none")
         # SGLang's decode side of a PD deployment runs no radix cache by default (decode.py: ChunkCache unless
         # --disaggregation-decode-enable-radix-cache): the prefix cache serves colocated prefill only.
         on = policy.params.prefix_cache and not self.disaggregated
         prefix = PrefixCache(block_size, policy.params.hicache) if on else None
         self.swap = self.disaggregated and policy.params.retract == "swap"
-        self.swap_s = 0.0  # host↔device KV copies of retracted requests, charged before the next decode step
-        self.d2h_bps, self.h2d_bps = hw.d2h_bandwidth_gbps * 1e9, hw.h2d_bandwidth_gbps * 1e9
+        self.swap_end_s = 0.0  # when the KV copies of retracted and resumed requests end (the next decode step waits)
         block_bytes = block_size * model.kv_bytes_per_token
         self.kv = KvState(
             device_pool_blocks(model, hw, block_size) - -(-policy.reserved_hbm_bytes // block_bytes),
@@ -237,8 +239,8 @@ class Replica(Prefill, Decode):
         self.kv.release(req)
         req.num_preemptions += 1
         if self.swap:  # KV to host, back at the head of the queue (SGLang PD decode retraction)
-            ctx = req.prompt_tokens + req.generated - 1
-            self.swap_s += ctx * self.policy.model.kv_bytes_per_token / self.d2h_bps
+            ctx = req.prompt_tokens + req.generated - 1  # its KV on the D2H queue (FIFO), waited for before a step
+            self.swap_end_s = max(self.swap_end_s, self.gpu.swap_out(self.devices, self.env.now, ctx))
             req.swapped = True
             self.waiting.appendleft(req)
         elif self.disaggregated:
@@ -273,7 +275,7 @@ class Replica(Prefill, Decode):
         held += sum(r.device_blocks for r in self.in_forward)
         held += (kv.prefix.cached_blocks if kv.prefix else 0) - sum(r.shared_blocks for r in reqs)
         assert held == kv.device.used, f"device blocks held {held} != pool used {kv.device.used}"
-        assert hbm_bytes <= self.scenario.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"
+        assert hbm_bytes <= self.gpu.hardware.hbm_bytes, f"HBM {hbm_bytes} B over capacity"
         assert 0 <= kv.host.used <= kv.host.capacity, f"host DRAM {kv.host.used} B out of range"
         expected = self.policy.device_blocks(self.batch.ctx, self.batch.offloaded)
         assert np.array_equal(expected, self.batch.blocks), "block counts drifted from the KV tokens"

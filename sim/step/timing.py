@@ -24,7 +24,7 @@ import simpy
 from sim.config import HardwareSpec
 from sim.step.cost import DecodeRun
 from sim.step.link import LinkModel
-from sim.step.pipeline import INTERVAL_KINDS, compiled_time_steps, fifo_end_s, idle_step_s, time_steps
+from sim.step.pipeline import INTERVAL_KINDS, compiled_time_steps, fifo_end_s, h2d_slowdown, idle_step_s, time_steps
 
 NO_JOBS = np.zeros((1, 1, 4))  # the interruptible jobs of a sequential run (unread)
 NO_TIMES = np.zeros((1, 1))  # the sequential times of an interruptible run (unread)
@@ -59,8 +59,21 @@ class StepDevices:
         self.d2h_busy_s += seconds
         return seconds
 
+    def queue_h2d(self, now_s: float, seconds: float) -> float:
+        """Queue an H2D copy of ``seconds`` on the link at ``now_s``, behind the H2D work queued so far (FIFO: a recall
+        queued after it waits for it); while the D2H queue is busy it runs ``1 / (1 − coupling · f)`` times longer
+        (f: the share of the copy the D2H queue is busy, :func:`~sim.step.pipeline.h2d_slowdown`). Returns its
+        seconds on the link."""
+        if seconds <= 0:
+            return 0.0
+        start = max(now_s, self.link_free_s)
+        if self.d2h is not None:
+            seconds *= h2d_slowdown(self.d2h_free_s - start, seconds, self.d2h.d2h_coupling)
+        self.link_free_s = start + seconds
+        return seconds
+
     def run_forward(self, duration_s: float) -> Generator[simpy.Event, object, None]:
-        """A forward that only computes (a prefill or a synchronous swap)."""
+        """Hold the clock ``duration_s`` (a prefill forward, or the scheduler waiting for its synchronous swaps)."""
         yield self.env.timeout(duration_s)
 
     def time_run(

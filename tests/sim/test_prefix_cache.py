@@ -15,7 +15,9 @@ from sim.run import simulate, simulate_policy
 from sim.serving.kv import KvState
 from sim.serving.prefix import PrefixCache, reload_forward_s
 from sim.serving.request import Request
+from sim.step.link import LinkModel
 from sim.workload import load_workload
+from tests.sim.oracles import link as link_oracle
 from tests.sim.oracles.prefix import unbounded_hit_tokens
 
 BT = 512  # Mooncake's tokens per hash block
@@ -174,8 +176,11 @@ def test_replica_charges_a_reload_in_the_prefill_forward():
     assert last["plain"]["prefill_tokens"] == 1600 and last["hicache"]["prefill_tokens"] == 1600 - 1536
     pol = make_policy(scn, "sglang_hicache")
     compute_s = pol.compute.prefill_s([(1600 - 1536, 1536)], 1)
-    load_s = 1536 * scn.model.kv_bytes_per_token / (hw.h2d_bandwidth_gbps * 1e9)
-    expected = max(compute_s, load_s) + load_s / scn.model.num_layers
+    # the load: one copy per layer on the link (LinkModel: latency included), the link idle before it
+    layers = scn.model.num_layers
+    load_s = layers * link_oracle.transfer_s(LinkModel(hw), 1536 * scn.model.kv_bytes_per_token / layers)
+    assert load_s > 1536 * scn.model.kv_bytes_per_token / (hw.h2d_bandwidth_gbps * 1e9)
+    expected = max(compute_s, load_s) + load_s / layers
     assert last["hicache"]["duration_s"] == pytest.approx(expected, rel=1e-9)
 
 

@@ -24,9 +24,8 @@ def decode_step(self: Replica) -> Generator[simpy.Event, object, None]:
     env, b, pol, rec = self.env, self.batch, self.policy, self.rec
     start = env.now
     _grow_or_preempt(self)
-    if self.swap_s > 0:
-        swap_s, self.swap_s = self.swap_s, 0.0
-        yield from self.devices.run_forward(swap_s)
+    if self.swap_end_s > env.now:  # the swaps' copies end (sim/step/gpu.py: on the D2H queue and the link)
+        yield from self.devices.run_forward(self.swap_end_s - env.now)
     if not len(b):
         return
     ctx = b.ctx + 1
