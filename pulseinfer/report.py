@@ -82,7 +82,7 @@ def format_bill(summary: pd.DataFrame) -> str:
 
 
 def format_replicas(replicas: pd.DataFrame) -> str:
-    """A fleet's per-replica rows (sim/metrics/fleet.py ``REPLICA_COLUMNS``) in display units."""
+    """A fleet's per-replica rows (sim/metrics/fleet_summary.py ``REPLICA_COLUMNS``) in display units."""
     return _table(replicas, REPLICAS)
 
 

@@ -68,7 +68,7 @@ class PolicyResult:
     layer_recall: pd.DataFrame | None  # recall bytes per (time bin, layer)
     timeline: pd.DataFrame | None  # intervals of one decode step that recalls
     kv_pool_gib: float = 0.0  # the device KV pool of one GPU (what a request rejected as exceeds_kv_pool outgrew)
-    replicas: pd.DataFrame | None = None  # a fleet's per-replica rows (sim.metrics.fleet.REPLICA_COLUMNS)
+    replicas: pd.DataFrame | None = None  # a fleet's per-replica rows (sim.metrics.fleet_summary.REPLICA_COLUMNS)
 
 
 @dataclass

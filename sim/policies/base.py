@@ -38,20 +38,15 @@ class Policy:
         """Whether a request with this prompt runs offloaded (sparse recall)."""
         return False
 
-    def device_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
-        """Device-pool blocks held by each request with ``ctx`` KV tokens (int64 [n])."""
+    def device_blocks(self, ctx, offloaded):
+        """The block rule: device-pool blocks a request holds with ``ctx`` KV tokens. One definition for one request
+        (int ``ctx``, bool ``offloaded``: an int, plain Python, as admission's checks call it) and for many (int64
+        [..., n] with bool [n]: int64 [..., n]); tests/sim/test_block_rule.py checks that both forms agree."""
         return -(-ctx // self.block_size)
 
-    def blocks_one(self, ctx: int, offloaded: bool) -> int:
-        """:meth:`device_blocks` for one request, in plain Python (admission checks run it often)."""
-        return int(self.device_blocks(np.array([ctx]), np.array([offloaded]))[0])
-
-    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
-        """:meth:`growth_blocks` for one request."""
-        return int(self.growth_blocks(np.array([future_tokens]), np.array([offloaded]))[0])
-
-    def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
-        """Device blocks ``future_tokens`` more tokens will need (for the admission reservation)."""
+    def growth_blocks(self, future_tokens, offloaded):
+        """Device blocks ``future_tokens`` more tokens will need (for the admission reservation), one definition for
+        an int or an array as :meth:`device_blocks`."""
         return -(-future_tokens // self.block_size)
 
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:

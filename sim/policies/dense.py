@@ -10,11 +10,5 @@ from sim.policies.base import Policy
 class DenseServing(Policy):
     """Every request keeps its whole KV cache in the device pool; the batch is capped by that pool."""
 
-    def blocks_one(self, ctx: int, offloaded: bool) -> int:
-        return -(-ctx // self.block_size)
-
-    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
-        return -(-future_tokens // self.block_size)
-
     def is_recall_free(self, offloaded: np.ndarray) -> bool:
         return True  # a dense step is a function of the batch and its tokens

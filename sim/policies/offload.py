@@ -107,33 +107,33 @@ class OffloadServing(Policy):
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens
 
-    def device_blocks(self, ctx: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
+    def device_blocks(self, ctx, offloaded):
+        """Blocks held with ``ctx`` KV tokens (:meth:`Policy.device_blocks`): an offloaded request holds its sink,
+        recent window and recall buffer, plus its block summaries (or, with ``selection: all``, two layers of
+        staging), never more than dense."""
+        return self._blocks(ctx, offloaded, True)
+
+    def growth_blocks(self, future_tokens, offloaded):
+        """Blocks ``future_tokens`` more tokens need (:meth:`Policy.growth_blocks`): an offloaded request grows by
+        its summaries (or staging) alone."""
+        return self._blocks(future_tokens, offloaded, False)
+
+    def _blocks(self, tokens, offloaded, held: bool):
+        """The offload policy's block rule, one definition for one request (int ``tokens``, bool ``offloaded``: plain
+        Python, as admission's checks call it) and for arrays (int64 [..., n] and bool [n]): a dense request's
+        ceil(tokens / block_size); an offloaded one's summaries or staging, plus, when ``held``, its resident blocks,
+        at most the dense count."""
         bs = self.block_size
-        dense = -(-ctx // bs)
+        dense = -(-tokens // bs)
+        if not isinstance(dense, np.ndarray):  # one request
+            if not offloaded:
+                return dense
+            extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)  # staging or summaries
+            return min(dense, self.resident_blocks + extra) if held else extra
         if not np.count_nonzero(offloaded):  # (a dense batch: the usual case on the scheduler's hot path)
             return dense
-        extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)  # staging or summaries
-        return np.where(offloaded, np.minimum(dense, self.resident_blocks + extra), dense)
-
-    def blocks_one(self, ctx: int, offloaded: bool) -> int:
-        dense = -(-ctx // self.block_size)
-        if not offloaded:
-            return dense
-        extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
-        return min(dense, self.resident_blocks + extra)
-
-    def growth_one(self, future_tokens: int, offloaded: bool) -> int:
-        dense = -(-future_tokens // self.block_size)
-        if not offloaded:
-            return dense
-        return -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
-
-    def growth_blocks(self, future_tokens: np.ndarray, offloaded: np.ndarray) -> np.ndarray:
-        dense = -(-future_tokens // self.block_size)
-        if not np.count_nonzero(offloaded):
-            return dense
-        extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // self.block_size)
-        return np.where(offloaded, extra, dense)
+        extra = -(-2 * dense // self.num_layers) if self.full else -(-dense // bs)
+        return np.where(offloaded, np.minimum(dense, self.resident_blocks + extra) if held else extra, dense)
 
     def layer_link_s(self, nbytes: float, fragments: float) -> tuple[float, float]:
         """(host gather seconds, link seconds) of one layer's recall under this policy's ``io``; link seconds

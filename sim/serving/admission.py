@@ -63,10 +63,11 @@ class AdmissionParams:
     max_offloaded: int  # most requests offloaded at once (0: the policy offloads none)
     kv_bytes_per_token: int  # one GPU's KV bytes per token (an offloaded request's host DRAM per token)
     max_seq_len: int  # the model's context limit, tokens
-    blocks_one: Callable[[int, bool], int]  # device blocks one request holds with this many KV tokens (offloaded?)
-    growth_one: Callable[[int, bool], int]  # device blocks this many more tokens of one request need
-    # growth_one elementwise: future tokens int64 [..., n], offloaded bool [n] → blocks int64 [..., n]
-    growth_blocks: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    # The policy's block rule (sim/policies/ ``device_blocks``, ``growth_blocks``), each one definition for one request
+    # (int tokens, bool offloaded → int) and elementwise (int64 [..., n], bool [n] → int64 [..., n]): device blocks a
+    # request holds with this many KV tokens, and device blocks this many more tokens need.
+    device_blocks: Callable
+    growth_blocks: Callable
     wants_offload: Callable[[int], bool]  # whether a request with this many prompt tokens runs offloaded
     io: IoBoundParams | None = None  # IO-adaptive admission's inputs (``admission: io_adaptive``)
 
@@ -174,7 +175,7 @@ class Admission:
                 return
             del waiting[pos]
             if verdict == OK:
-                reserved += self.params.growth_one(self._future_tokens(req), req.offloaded) * self.new_token_ratio
+                reserved += self.params.growth_blocks(self._future_tokens(req), req.offloaded) * self.new_token_ratio
                 running += 1
             yield req, verdict
 
@@ -211,7 +212,7 @@ class Admission:
         reserved = self.reserved_blocks(batch, ratios, batch.generated + np.arange(1, m + 1)[:, None])
         cached_blocks, room = self._prefix_room(req, kv)
         rooms = free_blocks + (room - kv.device.free)  # a run evicts nothing: the evictable room stays as it is
-        growth = self.params.growth_one(self._future_tokens(req), offloaded)
+        growth = self.params.growth_blocks(self._future_tokens(req), offloaded)
         waits = memory_waits(need, growth, worst, cached_blocks, rooms, reserved, ratios)
         first = int(np.argmin(waits))  # the first decision at which the head joins (argmin: the first False)
         return m if waits[first] else first
@@ -248,7 +249,7 @@ class Admission:
         if self._host_waits(offloaded, host_need, kv):
             return WAIT
         cached_blocks, room = self._prefix_room(req, kv)  # blocks already held by cached prefix nodes
-        growth = self.params.growth_one(self._future_tokens(req), offloaded)
+        growth = self.params.growth_blocks(self._future_tokens(req), offloaded)
         if memory_waits(need, growth, worst, cached_blocks, room, reserved, self.new_token_ratio):
             return WAIT
         if offloaded and not self.io_allows(kv, batch, need + reserved):
@@ -261,9 +262,9 @@ class Admission:
 
     def _blocks(self, req: Request, target: int, offloaded: bool) -> tuple[int, int, int]:
         """(device blocks ``req`` takes with ``target`` KV tokens, the most it can ever hold, host bytes it takes)."""
-        blocks_one = self.params.blocks_one
+        device_blocks = self.params.device_blocks
         host_need = req.total_tokens * self.kv_bytes_per_token if offloaded else 0
-        return blocks_one(target, offloaded), blocks_one(req.total_tokens, offloaded), host_need
+        return device_blocks(target, offloaded), device_blocks(req.total_tokens, offloaded), host_need
 
     def _host_waits(self, offloaded: bool, host_need: int, kv: KvState) -> bool:
         """Whether an offloaded request waits for host DRAM or an offloaded slot (never, dense)."""
@@ -317,7 +318,7 @@ class Admission:
         """Why ``req`` can never be served on this replica ('' if it can); checked on arrival too."""
         if req.total_tokens > self.params.max_seq_len:
             return "exceeds_max_seq_len"
-        if self.params.blocks_one(req.total_tokens, self.offload_possible(req, kv)) > kv.device.capacity:
+        if self.params.device_blocks(req.total_tokens, self.offload_possible(req, kv)) > kv.device.capacity:
             return "exceeds_kv_pool"
         return ""
 

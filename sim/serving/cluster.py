@@ -18,7 +18,7 @@ Routers (``ROUTERS``):
 
 In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → ``ClusterResult`` (one request
 table with a ``replica`` column; one summary row over the cluster; one row per replica, ``REPLICA_COLUMNS``: the
-replicas' outcomes merged and checked by sim/metrics/fleet.py ``fleet_result``). ``pulseinfer simulate`` runs it
+replicas' outcomes merged and checked by sim/metrics/fleet_summary.py ``fleet_result``). ``pulseinfer simulate`` runs it
 when ``serving.replicas`` > 1 (sim/run.py).
 """
 
@@ -32,7 +32,7 @@ import pandas as pd
 import simpy
 
 from sim.config import Scenario
-from sim.metrics.fleet import ClusterResult, fleet_result
+from sim.metrics.fleet_summary import ClusterResult, fleet_result
 from sim.metrics.physics import check_clock
 from sim.serving.arrivals import ArrivalSchedule
 from sim.serving.fleet import Fleet, request_objects

@@ -127,4 +127,4 @@ class DecodeAdmission(Admission):
     def _fill(self, req: Request) -> tuple[int, int]:
         """(KV tokens ``req`` brings from remote prefill, the device blocks they take)."""
         fill = req.prompt_tokens + max(req.generated - 1, 0)
-        return fill, self.params.blocks_one(fill, False)
+        return fill, self.params.device_blocks(fill, False)

@@ -5,8 +5,9 @@ clock: replica ``i`` of a fleet can be simulated in its own SimPy environment, s
 fleet (``Fleet(..., indices=[i])``: the generator of ``(seed, seed_index, i)``, its node's host share), fed its
 own requests by :func:`feed` at the times the fleet's router submits them. :func:`run_replicas` runs them in a
 pool of ``workers`` processes (workers/__init__.py: spawned, stopped together on Ctrl-C, SIGTERM or a failure) and
-returns one ``ReplicaOutcome`` (sim/metrics/fleet.py) each, in replica order; ``fleet_result`` (sim/metrics/fleet.py)
-merges them into the tables and summary the one-environment run gives (tests/sim/test_fleet_scale.py compares them).
+returns one ``ReplicaOutcome`` (sim/metrics/fleet_summary.py) each, in replica order; ``fleet_result`` (the same
+module) merges them into the tables and summary the one-environment run gives (tests/sim/test_fleet_scale.py
+compares them).
 
 Same times, same order: the router submits arrival ``m`` after waiting ``arrival_s − now`` from the fleet's
 previous arrival (sim/serving/arrivals.py), and SimPy orders events of one instant by when they were scheduled. So
@@ -32,7 +33,7 @@ import simpy
 
 from sim.config import Scenario
 from sim.metrics import Recorder, requests_table
-from sim.metrics.fleet import ReplicaOutcome
+from sim.metrics.fleet_summary import ReplicaOutcome
 from sim.metrics.physics import bounds_of
 from sim.serving.arrivals import ArrivalSchedule, timeout_at
 from sim.serving.fleet import Fleet, request_objects

@@ -157,7 +157,7 @@ class IoAdaptiveAdmission(Admission):
         step is cheaper); dense is the fallback that uses spare HBM while the link is the bottleneck, never at the
         price of throughput or of the TPOT tail (so more HBM cannot make either worse).
         """
-        dense_worst = self.params.blocks_one(req.total_tokens, False)
+        dense_worst = self.params.device_blocks(req.total_tokens, False)
         if dense_worst + self.dense_headroom_frac * kv.device.capacity > kv.device.free - reserved:
             return False
         compute, n = self.io.compute, len(batch)

@@ -2,7 +2,7 @@
 
 Serving owns the admission rules (sim/serving/admission.py, decode_admission.py, io_admission.py) and their
 construction; a policy (sim/policies/) supplies plain inputs only: its policy section's knobs, its block rule
-(``blocks_one``, ``growth_one``, ``growth_blocks``, ``wants_offload``) and, for IO-adaptive admission, an offload
+(``device_blocks``, ``growth_blocks``, ``wants_offload``) and, for IO-adaptive admission, an offload
 policy's expected per-layer I/O-path seconds (``OffloadServing.io_layer_s``). So policies import nothing from
 serving (docs/design.md §3).
 
@@ -54,8 +54,7 @@ def admission_params(policy: Policy) -> AdmissionParams:
         max_offloaded=0,
         kv_bytes_per_token=policy.model.kv_bytes_per_token,
         max_seq_len=policy.model.max_seq_len,
-        blocks_one=policy.blocks_one,
-        growth_one=policy.growth_one,
+        device_blocks=policy.device_blocks,
         growth_blocks=policy.growth_blocks,
         wants_offload=policy.wants_offload,
     )

@@ -15,7 +15,7 @@ from sim.config import ScenarioError, load_scenario
 from sim.config.scenario import ServingSpec
 from sim.metrics import SUMMARY_COLUMNS
 from sim.metrics.bill import deployment_gpus
-from sim.metrics.fleet import REPLICA_COLUMNS
+from sim.metrics.fleet_summary import REPLICA_COLUMNS
 from sim.run import FLEET_COLUMNS, policy_summary, simulate, simulate_fleet, simulate_policy
 from sim.serving.cluster import ALL_ROUTERS, PrefixAwareRouter, simulate_cluster
 from sim.serving.request import Request

@@ -18,15 +18,15 @@ def memory_joins(adm: Admission, req: Request, batch: DecodeBatch, kv: KvState, 
     p = adm.params
     offloaded = adm.offload_possible(req, kv)
     target = req.prompt_tokens + req.generated - (1 if disaggregated else 0)
-    need, worst = p.blocks_one(target, offloaded), p.blocks_one(req.total_tokens, offloaded)
+    need, worst = p.device_blocks(target, offloaded), p.device_blocks(req.total_tokens, offloaded)
     if offloaded and (kv.num_offloaded >= adm.max_offloaded or req.total_tokens * p.kv_bytes_per_token > kv.host.free):
         return False
     reserved = 0.0
     if len(batch):
         future = [min(o - g, adm.clip_max_new_tokens) for o, g in zip(batch.output.tolist(), batch.generated.tolist())]
-        blocks = sum(p.growth_one(f, bool(off)) for f, off in zip(future, batch.offloaded.tolist()))
+        blocks = sum(p.growth_blocks(f, bool(off)) for f, off in zip(future, batch.offloaded.tolist()))
         reserved = float(blocks) * adm.new_token_ratio
-    future_blocks = p.growth_one(min(req.output_tokens - req.generated, adm.clip_max_new_tokens), offloaded)
+    future_blocks = p.growth_blocks(min(req.output_tokens - req.generated, adm.clip_max_new_tokens), offloaded)
     return not min(need + future_blocks * adm.new_token_ratio, worst) > kv.device.free - reserved
 
 
@@ -37,7 +37,7 @@ def decode_budget_joins(adm: DecodeAdmission, req: Request, batch: DecodeBatch, 
     retractable = sum(p + g for p, g in zip(prompts, generated))
     single = max((p + min(o, clip) for p, o in zip(prompts, outputs)), default=retractable) - retractable
     allocatable = kv.device.free - -(-max(r * len(batch), single) // bs)
-    required = adm.params.blocks_one(req.prompt_tokens + max(req.generated - 1, 0), False) + -(-r // bs)
+    required = adm.params.device_blocks(req.prompt_tokens + max(req.generated - 1, 0), False) + -(-r // bs)
     worst = -(-(req.prompt_tokens + min(req.output_tokens, clip) - retractable) // bs)
     return not max(required, worst) > allocatable
 
