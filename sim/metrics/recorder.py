@@ -133,72 +133,77 @@ class Recorder:
     def record_decode_run(
         self,
         run,
-        times_s: np.ndarray,
-        steps_s: np.ndarray,
+        times_s: list[float],
+        steps_s: list[float],
         batch_size: int,
         num_offloaded: int,
-        blocks_used: np.ndarray,
-        hbm_bytes: np.ndarray,
+        blocks_used: list[int],
+        hbm_bytes: list[int],
         host_bytes: int,
     ) -> None:
         """Record the k = ``run.steps`` ≥ 1 decode steps taken of ``run`` (sim/step/cost.py ``DecodeRun``; a single step
         is a run of one): :attr:`totals`, the link and gather busy totals, the steps that recalled through the layer
         pipeline (:attr:`recall_steps`, their per-layer recall and stall, spread over the time bins they span), the
         timeline of a step that recorded its intervals, and the step rows. Every float total adds the steps' values
-        one after another, as the steps ran (``np.cumsum`` along the steps is that sequential sum).
+        one after another, as the steps ran (``np.cumsum`` along the steps is that sequential sum, in one call).
 
         Args:
             run: the steps: ``attended_tokens``, the recall columns (:data:`RECALL_COLUMNS`; None: recalled nothing),
                 ``layer_bytes``/``layer_fragments``/``item_stall_s`` of the steps that recalled, ``intervals``.
-            times_s: float64 [k + 1] step boundaries; steps_s: float64 [k] each step's length (seconds).
-            blocks_used, hbm_bytes: int64 [k] device blocks and HBM bytes used after each step (blocks used never
-                fall within a run: blocks held only grow); host_bytes: host DRAM bytes used (unchanged over the run).
+            times_s: [k + 1] step boundaries; steps_s: [k] each step's length (seconds).
+            blocks_used, hbm_bytes: [k] device blocks and HBM bytes used after each step (blocks used never fall
+                within a run: blocks held only grow); host_bytes: host DRAM bytes used (unchanged over the run).
+
+        Raises:
+            TypeError: a count is not an integer (the int64 columns refuse floats rather than truncate them).
         """
         k = run.steps
         t = self.totals
         step_id = t.num_steps
         t.num_steps += k
         t.decode_steps += k
-        recalled = run.recall_bytes is not None
+        recall = None  # the recall columns as lists of k values
+        if run.recall_bytes is not None:
+            recall = []
+            for name in RECALL_COLUMNS:
+                recall.append(getattr(run, name)[:k].tolist())
         if k == 1:  # (one step: the sums below of one value)
-            t.decode_time_s += float(steps_s[0])
-            if recalled:
-                t.decode_stall_s += float(run.stall_s[0])
-                self.link_busy_s += float(run.link_busy_s[0])
-                self.gather_busy_s += float(run.gather_busy_s[0])
+            t.decode_time_s += steps_s[0]
+            if recall is not None:
+                t.decode_stall_s += recall[4][0]
+                self.link_busy_s += recall[5][0]
+                self.gather_busy_s += recall[6][0]
         else:
-            t.decode_time_s = float(np.cumsum(np.concatenate(([t.decode_time_s], steps_s)))[-1])
-            if recalled:
-                for name in ("link_busy_s", "gather_busy_s"):
-                    values = getattr(run, name)[:k]
-                    setattr(self, name, float(np.cumsum(np.concatenate(([getattr(self, name)], values)))[-1]))
-                t.decode_stall_s = float(np.cumsum(np.concatenate(([t.decode_stall_s], run.stall_s[:k])))[-1])
-        if recalled:
-            t.decode_recall_bytes += int(run.recall_bytes[:k].sum())
-            t.decode_fragments += int(run.num_fragments[:k].sum())
-            t.decode_selected_fragments += int(run.selected_fragments[:k].sum())
+            t.decode_time_s = float(np.cumsum([t.decode_time_s, *steps_s])[-1])
+            if recall is not None:
+                t.decode_stall_s = float(np.cumsum([t.decode_stall_s, *recall[4]])[-1])
+                self.link_busy_s = float(np.cumsum([self.link_busy_s, *recall[5]])[-1])
+                self.gather_busy_s = float(np.cumsum([self.gather_busy_s, *recall[6]])[-1])
+        if recall is not None:
+            t.decode_recall_bytes += sum(recall[0])
+            t.decode_fragments += sum(recall[1])
+            t.decode_selected_fragments += sum(recall[3])
         t.decode_batch_sum += batch_size * k
-        t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, int(blocks_used[-1]))
+        t.peak_kv_used_blocks = max(t.peak_kv_used_blocks, blocks_used[-1])
         steps = None  # the steps that recalled through the layer pipeline (timed by it: stall, per-layer records)
-        if recalled and (run.jobs is not None or run.sequential is not None):
-            steps = np.flatnonzero(run.recall_bytes[:k] > 0)
-            self.recall_steps += len(steps)
+        if recall is not None and (run.jobs is not None or run.sequential is not None):
+            steps = np.flatnonzero(run.recall_bytes[:k]) if k > 1 else (None if not recall[0][0] else [0])
+            self.recall_steps += 0 if steps is None else len(steps)
         if not self.keep_steps:
             return
         if steps is not None and len(steps):  # per-layer recall and stall, in step order
-            nbytes, frags = run.layer_bytes[steps], run.layer_fragments[steps]
+            nbytes, frags, stall = run.layer_bytes[steps], run.layer_fragments[steps], run.item_stall_s[steps]
             groups = run.group_layer_s.shape[1]
-            stall = run.item_stall_s[steps]
             if groups > 1:
                 stall = stall.reshape(len(steps), self.num_layers, groups).sum(axis=2)
             if run.intervals:
                 self.set_timeline(step_id + int(steps[0]), groups, run.intervals)
-            starts_s, ends_s = times_s[steps], times_s[steps + 1]
+            bin_s = self.layer_bin_s
             if len(steps) == 1:
                 self.layer_bytes += nbytes[0]
                 self.layer_fragments += frags[0]
                 self.layer_stall_s += stall[0]
-                start_s, end_s, bin_s = float(starts_s[0]), float(ends_s[0]), self.layer_bin_s
+                start_s, end_s = times_s[steps[0]], times_s[steps[0] + 1]
                 if int(start_s // bin_s) == int(max(end_s, start_s) // bin_s):  # in one bin (the usual case)
                     acc = self.binned_bytes.setdefault(int(start_s // bin_s), np.zeros(self.num_layers))
                     acc += nbytes[0] * 1.0
@@ -208,32 +213,31 @@ class Recorder:
                 self.layer_bytes += nbytes.sum(axis=0)
                 self.layer_fragments += frags.sum(axis=0)
                 self.layer_stall_s = np.cumsum(np.vstack((self.layer_stall_s, stall)), axis=0)[-1]
-                bin_s = self.layer_bin_s
+                starts_s, ends_s = [times_s[i] for i in steps], [times_s[i + 1] for i in steps]
                 first, last = int(starts_s[0] // bin_s), int(max(ends_s[-1], starts_s[-1]) // bin_s)
                 if first == last:  # every step in one bin (the usual case): share 1 each, added step after step
                     acc = self.binned_bytes.setdefault(first, np.zeros(self.num_layers))
                     self.binned_bytes[first] = np.cumsum(np.vstack((acc, nbytes * 1.0)), axis=0)[-1]
                 else:
                     for i in range(len(steps)):
-                        self._bin_bytes(float(starts_s[i]), nbytes[i], float(ends_s[i]))
+                        self._bin_bytes(starts_s[i], nbytes[i], ends_s[i])
         c = self._columns
         zeros = bytes(8 * k)  # k zeros of an 8-byte column: 0 and 0.0 are eight zero bytes
         c["phase"].frombytes(b"\x01" * k)
-        c["start_s"].frombytes(times_s[:-1].tobytes())
-        c["duration_s"].frombytes(steps_s.tobytes())
+        c["start_s"].fromlist(times_s[:-1])
+        c["duration_s"].fromlist(steps_s)
         c["batch_size"].fromlist([batch_size] * k)
         c["num_offloaded"].fromlist([num_offloaded] * k)
         c["prefill_tokens"].frombytes(zeros)
-        c["attended_tokens"].frombytes(np.asarray(run.attended_tokens[:k], dtype=np.int64).tobytes())
-        c["kv_used_blocks"].frombytes(np.asarray(blocks_used, dtype=np.int64).tobytes())
-        c["hbm_used_bytes"].frombytes(np.asarray(hbm_bytes, dtype=np.int64).tobytes())
+        c["attended_tokens"].fromlist(run.attended_tokens[:k].tolist())
+        c["kv_used_blocks"].fromlist(blocks_used)
+        c["hbm_used_bytes"].fromlist(hbm_bytes)
         c["host_used_bytes"].fromlist([host_bytes] * k)
-        for name in RECALL_COLUMNS:
-            if not recalled:
+        for i, name in enumerate(RECALL_COLUMNS):
+            if recall is None:
                 c[name].frombytes(zeros)
             else:
-                values = getattr(run, name)[:k]
-                c[name].frombytes(np.asarray(values, dtype=NUMPY_DTYPES[c[name].typecode]).tobytes())
+                c[name].fromlist(recall[i])
 
     def record_prefill(
         self, start_s: float, end_s: float, batch_size: int, num_offloaded: int, prefill_tokens: int,

@@ -14,7 +14,7 @@ from sim.step.gpu import GpuView
 class Policy:
     """Base class: what every policy shares with SGLang-like continuous batching.
 
-    Subclasses override :meth:`wants_offload`, :meth:`device_blocks`, :meth:`growth_blocks` and, where their steps
+    Subclasses override :meth:`wants_offload`, :meth:`device_blocks` and, where their steps
     are not always recall-free, :meth:`step_costs`. ``gpu`` is one GPU of the replica (sim/step/gpu.py ``GpuView``,
     ``serving.tp_size``): its ``model`` and ``hardware``, which the policy keeps as its own names, are what that GPU
     holds and sees (KV bytes, weights and link rates are per GPU), and its transfers go through its ``link``.
@@ -38,16 +38,13 @@ class Policy:
         """Whether a request with this prompt runs offloaded (sparse recall)."""
         return False
 
-    def device_blocks(self, ctx, offloaded):
-        """The block rule: device-pool blocks a request holds with ``ctx`` KV tokens. One definition for one request
-        (int ``ctx``, bool ``offloaded``: an int, plain Python, as admission's checks call it) and for many (int64
-        [..., n] with bool [n]: int64 [..., n]); tests/sim/test_block_rule.py checks that both forms agree."""
-        return -(-ctx // self.block_size)
-
-    def growth_blocks(self, future_tokens, offloaded):
-        """Device blocks ``future_tokens`` more tokens will need (for the admission reservation), one definition for
-        an int or an array as :meth:`device_blocks`."""
-        return -(-future_tokens // self.block_size)
+    def device_blocks(self, tokens, offloaded, held: bool = True):
+        """The block rule: device-pool blocks a request holds with ``tokens`` KV tokens (``held``), or that ``tokens``
+        more tokens will need (``held=False``: the admission's reservation). One definition for one request (int
+        ``tokens``, bool ``offloaded``: an int, plain Python, as admission's checks call it) and for many (int64
+        [..., n] with bool [n]: int64 [..., n]); tests/sim/test_block_rule.py checks that both forms agree. A dense
+        request holds ceil(tokens / block_size) either way."""
+        return -(-tokens // self.block_size)
 
     def cache_holds(self, num_offloaded: int, free_hbm_bytes: int) -> bool:
         """Whether a shared recall cache would hold the working sets of ``num_offloaded`` offloaded requests when

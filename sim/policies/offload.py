@@ -107,22 +107,12 @@ class OffloadServing(Policy):
     def wants_offload(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.params.offload_threshold_tokens
 
-    def device_blocks(self, ctx, offloaded):
-        """Blocks held with ``ctx`` KV tokens (:meth:`Policy.device_blocks`): an offloaded request holds its sink,
-        recent window and recall buffer, plus its block summaries (or, with ``selection: all``, two layers of
-        staging), never more than dense."""
-        return self._blocks(ctx, offloaded, True)
-
-    def growth_blocks(self, future_tokens, offloaded):
-        """Blocks ``future_tokens`` more tokens need (:meth:`Policy.growth_blocks`): an offloaded request grows by
-        its summaries (or staging) alone."""
-        return self._blocks(future_tokens, offloaded, False)
-
-    def _blocks(self, tokens, offloaded, held: bool):
-        """The offload policy's block rule, one definition for one request (int ``tokens``, bool ``offloaded``: plain
-        Python, as admission's checks call it) and for arrays (int64 [..., n] and bool [n]): a dense request's
-        ceil(tokens / block_size); an offloaded one's summaries or staging, plus, when ``held``, its resident blocks,
-        at most the dense count."""
+    def device_blocks(self, tokens, offloaded, held: bool = True):
+        """The offload policy's block rule (:meth:`Policy.device_blocks`; one definition for one request, in plain
+        Python, and for arrays): a dense request's ceil(tokens / block_size); an offloaded one's block summaries (or,
+        with ``selection: all``, two layers of staging), plus, when ``held``, its sink, recent window and recall
+        buffer, at most the dense count. ``held=False``: the growth of ``tokens`` more tokens (summaries or staging
+        alone)."""
         bs = self.block_size
         dense = -(-tokens // bs)
         if not isinstance(dense, np.ndarray):  # one request

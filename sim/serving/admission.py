@@ -63,9 +63,9 @@ class AdmissionParams:
     max_offloaded: int  # most requests offloaded at once (0: the policy offloads none)
     kv_bytes_per_token: int  # one GPU's KV bytes per token (an offloaded request's host DRAM per token)
     max_seq_len: int  # the model's context limit, tokens
-    # The policy's block rule (sim/policies/ ``device_blocks``, ``growth_blocks``), each one definition for one request
-    # (int tokens, bool offloaded → int) and elementwise (int64 [..., n], bool [n] → int64 [..., n]): device blocks a
-    # request holds with this many KV tokens, and device blocks this many more tokens need.
+    # The policy's block rule (sim/policies/ ``device_blocks``; growth: its ``held=False``), one definition for one
+    # request (int tokens, bool offloaded → int) and elementwise (int64 [..., n], bool [n] → int64 [..., n]): device
+    # blocks a request holds with this many KV tokens, and device blocks this many more tokens need.
     device_blocks: Callable
     growth_blocks: Callable
     wants_offload: Callable[[int], bool]  # whether a request with this many prompt tokens runs offloaded

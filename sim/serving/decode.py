@@ -155,6 +155,7 @@ class Decode:
         if run is None:
             return False
         run.steps = yield from self._wait_run(run.times_s)
+        del run.times_s[run.steps + 1 :]  # (an arrival may have cut it)
         run.commit(self.batch.recall_state, self.batch.offloaded, self.devices)
         allocated = self.kv.device.allocate(int(run.allocated[run.steps - 1]))
         assert allocated, "skip-ahead allocated more blocks than were free"
@@ -212,8 +213,8 @@ class Decode:
         step rows, the batch advanced, and the requests that finished."""
         b, kv, rec = self.batch, self.kv, self.rec
         k = run.steps
-        times_s = np.asarray(run.times_s[: k + 1], dtype=np.float64)
-        steps_s = times_s[1:] - times_s[:-1]
+        times_s = run.times_s  # [k + 1]
+        steps_s = [times_s[1] - times_s[0]] if k == 1 else np.diff(times_s).tolist()
         attended = run.attended_tokens[:k]
         if run.recall_bytes is None:
             self.admission.on_decode_run(steps_s, attended)
@@ -221,15 +222,17 @@ class Decode:
             self.admission.on_decode_run(steps_s, attended, run.stall_s[:k], run.link_busy_s[:k])
         allocated = run.allocated[:k]
         blocks_used = allocated + (kv.device.used - int(allocated[-1]))  # after each step
-        hbm_bytes = kv.fixed_hbm_bytes + blocks_used * kv.block_bytes
+        hbm_bytes = (kv.fixed_hbm_bytes + blocks_used * kv.block_bytes).tolist()
         b.ctx, b.blocks = run.ctx[k - 1].copy(), run.held[k - 1].copy()
         b.generated += k
         b.cold[:] = False
         if self.debug:
-            self._check_invariants(int(hbm_bytes[-1]))
+            self._check_invariants(hbm_bytes[-1])
         rec.d2h_busy_s, rec.d2h_free_s = self.devices.d2h_busy_s, self.devices.d2h_free_s
         num_offloaded = int(np.count_nonzero(b.offloaded))
-        rec.record_decode_run(run, times_s, steps_s, len(b), num_offloaded, blocks_used, hbm_bytes, kv.host.used)
+        rec.record_decode_run(
+            run, times_s, steps_s, len(b), num_offloaded, blocks_used.tolist(), hbm_bytes, kv.host.used
+        )  # fmt: skip
         rec.decode_tokens += len(b) * k
         finished = b.generated >= b.output
         if np.count_nonzero(finished):

@@ -2,7 +2,7 @@
 
 Serving owns the admission rules (sim/serving/admission.py, decode_admission.py, io_admission.py) and their
 construction; a policy (sim/policies/) supplies plain inputs only: its policy section's knobs, its block rule
-(``device_blocks``, ``growth_blocks``, ``wants_offload``) and, for IO-adaptive admission, an offload
+(``device_blocks``, with ``held=False`` for the growth, ``wants_offload``) and, for IO-adaptive admission, an offload
 policy's expected per-layer I/O-path seconds (``OffloadServing.io_layer_s``). So policies import nothing from
 serving (docs/design.md §3).
 
@@ -16,6 +16,7 @@ the admission refers to the policy through its block rule, so its entry would ne
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from sim.policies.base import Policy
 from sim.policies.offload import OffloadServing
@@ -55,7 +56,7 @@ def admission_params(policy: Policy) -> AdmissionParams:
         kv_bytes_per_token=policy.model.kv_bytes_per_token,
         max_seq_len=policy.model.max_seq_len,
         device_blocks=policy.device_blocks,
-        growth_blocks=policy.growth_blocks,
+        growth_blocks=partial(policy.device_blocks, held=False),
         wants_offload=policy.wants_offload,
     )
     if not isinstance(policy, OffloadServing):

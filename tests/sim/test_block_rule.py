@@ -1,6 +1,6 @@
-"""A policy's block rule is one definition for one request and for a batch: ``device_blocks`` and ``growth_blocks``
-of an int (plain Python, as admission's checks call them) equal the same call on int64 arrays, element by element,
-for every policy kind (dense, full offload, head-wise, PulseInfer) and block size."""
+"""A policy's block rule is one definition for one request and for a batch: ``device_blocks`` (held, and with
+``held=False`` the growth) of an int (plain Python, as admission's checks call it) equals the same call on int64
+arrays, element by element, for every policy kind (dense, full offload, head-wise, PulseInfer) and block size."""
 
 from __future__ import annotations
 
@@ -35,10 +35,12 @@ def test_scalar_and_array_forms_agree(tokens, offloaded, steps, block_size):
     off = np.array(offloaded[:n])
     ctx = np.array(tokens, dtype=np.int64)[None, :] + np.arange(steps)[:, None]  # [steps, n], as block growth
     for pol in POLICY_OBJECTS[block_size]:
-        for rule in (pol.device_blocks, pol.growth_blocks):
-            many = rule(ctx, off)
-            one = [[rule(int(c), bool(o)) for c, o in zip(row.tolist(), off.tolist())] for row in ctx]
-            assert np.array_equal(many, np.array(one)), (pol.name, rule.__name__)
+        for held in (True, False):
+            many = pol.device_blocks(ctx, off, held)
+            one = [
+                [pol.device_blocks(int(c), bool(o), held) for c, o in zip(row.tolist(), off.tolist())] for row in ctx
+            ]
+            assert np.array_equal(many, np.array(one)), (pol.name, held)
             assert all(type(x) is int for row in one for x in row)  # the scalar form stays plain Python
 
 
@@ -46,7 +48,8 @@ def test_an_offloaded_request_holds_fewer_blocks_than_dense_and_grows_by_its_sum
     pol = make_policy(load_scenario("default"), "pulseinfer")
     ctx, bs = 100_000, pol.block_size
     assert pol.device_blocks(ctx, True) < pol.device_blocks(ctx, False) == -(-ctx // bs)
-    assert pol.growth_blocks(10 * bs * bs, True) == 10 and pol.growth_blocks(10 * bs * bs, False) == 10 * bs
+    grow = 10 * bs * bs
+    assert pol.device_blocks(grow, True, held=False) == 10 and pol.device_blocks(grow, False, held=False) == 10 * bs
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -55,4 +58,6 @@ def test_block_rule_is_what_admission_asks(name):
 
     pol = make_policy(load_scenario("default"), name)
     params = admission_of(pol).params
-    assert params.device_blocks == pol.device_blocks and params.growth_blocks == pol.growth_blocks
+    tokens, offloaded = np.array([[0, 5_000, 90_000]]), np.array([False, True, True])
+    assert params.device_blocks == pol.device_blocks
+    assert np.array_equal(params.growth_blocks(tokens, offloaded), pol.device_blocks(tokens, offloaded, held=False))

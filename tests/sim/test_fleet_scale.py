@@ -30,7 +30,7 @@ def cuts(monkeypatch):
     after the arrival (``cuts["at_prefill_end"]``), cuts of a run already cut (``cuts["again"]``) and offloaded runs
     cut short (``cuts["offloaded"]``)."""
     counts = {"runs": 0, "at_prefill_end": 0, "again": 0, "offloaded": 0}
-    real_cut, real_apply = Decode.cut_run, Decode._apply_run
+    real_cut, real_wait = Decode.cut_run, Decode._wait_run
 
     def cut_run(self, req):
         times = self._run_times_s
@@ -41,12 +41,13 @@ def cuts(monkeypatch):
             counts["again"] += end < len(times) - 1
             counts["at_prefill_end"] += self._run_end > bisect_right(times, self.env.now)
 
-    def apply(self, run):  # a run of steps that recall, applied short of the steps it timed
-        counts["offloaded"] += run.recall_bytes is not None and run.steps < len(run.times_s) - 1
-        return real_apply(self, run)
+    def wait(self, times_s):  # a run of steps that recall, taken short of the steps it timed
+        steps = yield from real_wait(self, times_s)
+        counts["offloaded"] += bool(self.batch.offloaded.any()) and steps < len(times_s) - 1
+        return steps
 
     monkeypatch.setattr(Decode, "cut_run", cut_run)
-    monkeypatch.setattr(Decode, "_apply_run", apply)
+    monkeypatch.setattr(Decode, "_wait_run", wait)
     return counts
 
 

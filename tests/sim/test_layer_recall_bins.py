@@ -13,8 +13,7 @@ from tests.sim.oracles.steps import recorded_run
 
 def _step(rec: Recorder, start_s: float, end_s: float, nbytes: list[int]) -> None:
     """One decode step that recalled ``nbytes`` per layer through the pipeline, recorded."""
-    times, one = np.array([start_s, end_s]), np.ones(1, np.int64)
-    rec.record_decode_run(recorded_run(1, layer_bytes=[nbytes]), times, times[1:] - times[:-1], 1, 1, one, one, 0)
+    rec.record_decode_run(recorded_run(1, layer_bytes=[nbytes]), [start_s, end_s], [end_s - start_s], 1, 1, [1], [1], 0)
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -23,10 +22,8 @@ def test_a_step_spanning_two_bins_is_split_by_overlap(steps):
     if steps == 1:
         _step(rec, 7.5, 17.5, [100, 40])
     else:  # the same step in a run of three (the other two in bin 0, recalling nothing)
-        times = np.array([1.0, 2.0, 7.5, 17.5])
         run = recorded_run(3, layer_bytes=[[0, 0], [0, 0], [100, 40]])
-        ones = np.ones(3, np.int64)
-        rec.record_decode_run(run, times, times[1:] - times[:-1], 1, 1, ones, ones, 0)
+        rec.record_decode_run(run, [1.0, 2.0, 7.5, 17.5], [1.0, 5.5, 10.0], 1, 1, [1] * 3, [1] * 3, 0)
     assert rec.binned_bytes[0] == pytest.approx([25.0, 10.0]) and rec.binned_bytes[1] == pytest.approx([75.0, 30.0])
     _step(rec, 20.0, 30.0, [8, 8])  # ends on an edge
     assert sorted(rec.binned_bytes) == [0, 1, 2] and rec.binned_bytes[2] == pytest.approx([8.0, 8.0])

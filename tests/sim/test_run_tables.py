@@ -68,7 +68,6 @@ def _reference_recording(rows: list):
     return prefill, decode
 
 
-ONE = np.ones(1, np.int64)
 INT_RECALL = ("recall_bytes", "num_fragments", "num_transfers", "selected_fragments")
 FLOAT_RECALL = ("stall_s", "link_busy_s", "gather_busy_s")
 
@@ -181,7 +180,7 @@ def test_summary_only_recorder_keeps_no_step_rows():
     rec = Recorder(scenario.model.num_layers, keep_steps=False)
     rec.record_prefill(0.0, 1.0, 1, 0, 100, (5, 10, 0))
     run = recorded_run(1, [0.25], [9])
-    rec.record_decode_run(run, np.array([1.0, 1.5]), np.array([0.5]), 2, 1, np.array([7]), np.array([10]), 0)
+    rec.record_decode_run(run, [1.0, 1.5], [0.5], 2, 1, [7], [10], 0)
     assert rec.totals.num_steps == 2 and rec.totals.peak_kv_used_blocks == 7
     assert rec.totals.decode_time_s == 0.5 and rec.totals.prefill_time_s == 1.0 and rec.totals.decode_stall_s == 0.25
     assert all(len(column) == 0 for column in rec._columns.values())
@@ -197,16 +196,14 @@ def test_summary_totals_add_step_by_step_in_constant_memory():
     one, runs = Recorder(4, keep_steps=False), Recorder(4, keep_steps=False)
     total_s = stall_s = 0.0
     for i in range(1000):
-        one.record_decode_run(recorded_run(1, [stalls[i]]), np.zeros(2), np.array([durations[i]]), 1, 1, ONE, ONE, 0)
+        one.record_decode_run(recorded_run(1, [stalls[i]]), [0.0, 0.0], [durations[i]], 1, 1, [1], [1], 0)
         total_s += durations[i]
         stall_s += stalls[i]
     size = len(pickle.dumps(one.totals))
     cuts = [0, 1, 3, 200, 201, 640, 1000]  # runs of 1, 2, 197, 1, 439 and 360 steps
     for a, b in zip(cuts, cuts[1:]):
         k = b - a
-        ones = np.ones(k, np.int64)
-        runs.record_decode_run(recorded_run(k, stalls[a:b]), np.zeros(k + 1), np.array(durations[a:b]), 1, 1, ones,
-                               ones, 0)  # fmt: skip
+        runs.record_decode_run(recorded_run(k, stalls[a:b]), [0.0] * (k + 1), durations[a:b], 1, 1, [1] * k, [1] * k, 0)
     assert one.totals == runs.totals
     assert (one.totals.decode_time_s, one.totals.decode_stall_s) == (total_s, stall_s)  # a loop of +=, bit for bit
     assert len(pickle.dumps(runs.totals)) == size  # nothing grew with the steps
