@@ -3,7 +3,7 @@ tables and report read it.
 
 Serving makes the outcomes (sim/serving/fleet.py cuts a run at the horizon or when it is stuck; admission's
 ``never_fits`` rejects a request that can never run) and records them here, in metrics (sim/metrics/tables.py
-counts them, sim/metrics/report.py words them); metrics sits below serving (docs/design.md §3), so the names live
+counts them, pulseinfer/report.py words them); metrics sits below serving (docs/design.md §3), so the names live
 here and serving imports them.
 """
 

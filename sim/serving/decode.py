@@ -81,7 +81,6 @@ class Decode:
         arrivals = None
         if k_max == 1:
             ctx, held, need = grown
-            free_blocks = kv.device.free  # (the step's blocks are allocated)
             record = rec.recall_steps + 1 in (1, rec.timeline_step)  # the step the timeline keeps, if it recalls
         else:
             if not (recall_free or (self.offload_runs and np.count_nonzero(b.offloaded))):
@@ -94,11 +93,12 @@ class Decode:
             steps = decode_run.step_cap(pol, b, now_s, next_s, soft_s, recall_free)
             if steps < 2:
                 return None
-            k, ctx, held, need = decode_run.fitting_steps(pol, b, kv, self.waiting, self.disaggregated, steps)
+            k, ctx, held, need = decode_run.fitting_steps(
+                pol, self.admission, b, kv, self.waiting, self.disaggregated, steps
+            )  # fmt: skip
             if k < 2:
                 return None
             ctx, held, need = ctx[:k], held[:k], need[:k]
-            free_blocks = kv.device.free - need
             record = False
             seen = rec.recall_steps  # stop before the step the timeline keeps (it is stepped, to record it)
             stop_recall = 1 if seen == 0 else (rec.timeline_step - seen if seen < rec.timeline_step else math.inf)
@@ -106,10 +106,9 @@ class Decode:
         if recall_free:
             attended, layer_s = pol.recall_free_decode(ctx[0], b.offloaded, len(ctx))
             run = DecodeRun(layer_s[:, None], None, compute.decode_head_s(n), 0, compute.num_layers, attended)
-        else:
+        else:  # (a single step's blocks are allocated already, a run's not yet)
+            free_blocks = np.array([kv.device.free]) if k_max == 1 else kv.device.free - need
             free_hbm_bytes = free_blocks * kv.block_bytes
-            if k_max == 1:
-                free_hbm_bytes = np.array([free_hbm_bytes])
             run = pol.step_costs(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
         run.ctx, run.held, run.allocated = ctx, held, need
         overhead_s, host_s = compute.step_overhead_s + extra_s, compute.overlapped_host_s(n)
@@ -156,7 +155,8 @@ class Decode:
             return False
         run.steps = yield from self._wait_run(run.times_s)
         del run.times_s[run.steps + 1 :]  # (an arrival may have cut it)
-        run.commit(self.batch.recall_state, self.batch.offloaded, self.devices)
+        if run.recall_bytes is not None:  # (a recall-free run leaves no draws, state or queues)
+            run.commit(self.batch.recall_state, self.batch.offloaded, self.devices)
         allocated = self.kv.device.allocate(int(run.allocated[run.steps - 1]))
         assert allocated, "skip-ahead allocated more blocks than were free"
         self._apply_run(run)

@@ -37,15 +37,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.serving.kv import KvState
-from sim.serving.policy_admission import admission_of
 from sim.serving.request import DecodeBatch, Request
 
 if TYPE_CHECKING:
     from sim.policies.base import Policy
+    from sim.serving.admission import Admission
     from sim.serving.arrivals import ArrivalSchedule
 
 MAX_RUN_STEPS = 4096  # most decode steps one run computes at once (bounds its [steps, batch] arrays)
 MAX_RUN_CELLS = 1 << 18  # most (step, request, layer) cells one run that recalls draws at once (~2 MiB an array)
+SHORT_RUN_STEPS = 64  # a recall-free run of up to this many steps is timed before its bound is (cheaper than one)
 
 
 def grown_blocks(policy: Policy, batch: DecodeBatch, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,10 +61,17 @@ def grown_blocks(policy: Policy, batch: DecodeBatch, steps: int) -> tuple[np.nda
 
 
 def fitting_steps(
-    policy: Policy, batch: DecodeBatch, kv: KvState, waiting: deque[Request], disaggregated: bool, steps: int
+    policy: Policy,
+    admission: Admission,
+    batch: DecodeBatch,
+    kv: KvState,
+    waiting: deque[Request],
+    disaggregated: bool,
+    steps: int,
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """How many of the next ``steps`` decode steps fit without evicting, preempting or admitting, with their
-    :func:`grown_blocks` (KV tokens, blocks held: int64 [steps, n] each; blocks allocated since now: int64 [steps])."""
+    """How many of the next ``steps`` decode steps fit without evicting, preempting or admitting (``admission``: the
+    replica's, sim/serving/policy_admission.py ``admission_of``), with their :func:`grown_blocks` (KV tokens, blocks
+    held: int64 [steps, n] each; blocks allocated since now: int64 [steps])."""
     b = batch
     ctx, held, need = grown_blocks(policy, b, steps)
     free = kv.device.free
@@ -71,7 +79,7 @@ def fitting_steps(
     k = int(np.searchsorted(need, free, side="right")) if need[-1] > free else steps
     # the scheduler decides again before each later step: the run ends where a queued request would join
     free_blocks = free - need[: max(0, k - 1)]
-    k = min(k, 1 + admission_of(policy).quiet_decisions(waiting, b, kv, free_blocks, disaggregated))
+    k = min(k, 1 + admission.quiet_decisions(waiting, b, kv, free_blocks, disaggregated))
     return k, ctx, held, need
 
 
@@ -80,13 +88,15 @@ def step_cap(policy: Policy, batch: DecodeBatch, now_s: float, bound_s: float, s
     :data:`MAX_RUN_STEPS` (and :data:`MAX_RUN_CELLS` cells of a run that recalls), and no more than can end before
     ``bound_s`` (the next event; + 1 for rounding) or the step ``soft_s`` falls in (+ 2). A step lasts at least its
     host overhead, layer compute at the tokens it attends at least (an offloaded request attends at least its sparse
-    budget) and LM head, so the cap never cuts a run the bounds allow: a bound too small would only shorten it."""
+    budget) and LM head, so the cap never cuts a run the bounds allow: a bound too small would only shorten it. (A
+    recall-free run of up to :data:`SHORT_RUN_STEPS` steps is costed whole: its timing stops at the bounds, and a cap
+    would cost more than the steps it saves.)"""
     b, compute = batch, policy.compute
     n = len(b)
     steps = min(int((b.output - b.generated).min()), MAX_RUN_STEPS)
     if not recall_free:
         steps = min(steps, max(2, MAX_RUN_CELLS // (n * compute.num_layers)))
-    if min(bound_s, soft_s) < math.inf and steps > 2:
+    if min(bound_s, soft_s) < math.inf and (steps > SHORT_RUN_STEPS or (steps > 2 and not recall_free)):
         ctx0 = b.ctx + 1
         least = (
             int(np.where(b.offloaded, np.minimum(ctx0, policy.sparse_tokens), ctx0).sum())

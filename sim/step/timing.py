@@ -108,17 +108,17 @@ class StepDevices:
         """
         L = run.num_layers
         if run.recall_bytes is None:  # recall-free: overhead + Σ layers + head, at least the host work
-            head_s, times, delays = run.head_s, [now_s], []
-            for x in run.group_layer_s[:, 0].tolist():
-                delay = idle_step_s(overhead_s, [x] * L, head_s, host_s)
-                end_s = times[-1] + delay
+            head_s, times, layer_s = run.head_s, [now_s], run.group_layer_s[:, 0].tolist()
+            for x in layer_s:
+                end_s = times[-1] + idle_step_s(overhead_s, [x] * L, head_s, host_s)
                 if end_s >= next_event_s or end_s == soft_s:
                     break
                 times.append(end_s)
-                delays.append(delay)
                 if end_s > soft_s:  # the step the soft event fell in
                     break
-            run.steps, run.times_s, run.step_s = len(delays), times, delays
+            run.steps, run.times_s = len(times) - 1, times
+            # the first step's clock advance (a single step's timeout; a run waits for its end)
+            run.step_s = [idle_step_s(overhead_s, [layer_s[0]] * L, head_s, host_s)] if run.steps else []
             return
         compute = run.compute_s if run.compute_s is not None else np.tile(run.group_layer_s, (1, L))
         jobs, sequential = run.jobs, run.sequential
