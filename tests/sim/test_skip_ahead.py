@@ -347,6 +347,7 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
     from sim.serving.arrivals import ArrivalSchedule
     from sim.serving.decode import Decode
     from sim.serving.decode_run import MAX_RUN_STEPS
+    from sim.serving.policy_admission import admission_of
     from sim.step.timing import StepDevices
 
     def next_decode_run(pol, batch, kv, waiting, arrivals=None):  # the run builder, on a replica of just these
@@ -360,6 +361,7 @@ def test_arrival_ends_a_run_with_the_step_it_falls_in():
         )
         replica.rec, replica.devices, replica.draws = Recorder(pol.compute.num_layers), StepDevices(replica.env), None
         replica.disaggregated, replica.offload_runs, replica.arrivals_ahead = False, False, arrivals
+        replica.admission = admission_of(pol)
         replica.next_event_s = replica.soft_event_s = lambda: np.inf
         return replica._next_run(MAX_RUN_STEPS)
 
