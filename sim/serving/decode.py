@@ -81,6 +81,7 @@ class Decode:
         arrivals = None
         if k_max == 1:
             ctx, held, need = grown
+            k = 1
             record = rec.recall_steps + 1 in (1, rec.timeline_step)  # the step the timeline keeps, if it recalls
         else:
             if not (recall_free or (self.offload_runs and np.count_nonzero(b.offloaded))):
@@ -90,34 +91,42 @@ class Decode:
                 soft_s = min(soft_s, arrivals.next_s())
             if next_s <= now_s:
                 return None
-            steps = decode_run.step_cap(pol, b, now_s, next_s, soft_s, recall_free)
-            if steps < 2:
-                return None
-            k, ctx, held, need = decode_run.fitting_steps(
-                pol, self.admission, b, kv, self.waiting, self.disaggregated, steps
-            )  # fmt: skip
+            k = decode_run.step_cap(pol, b, now_s, next_s, soft_s, recall_free)
             if k < 2:
                 return None
-            ctx, held, need = ctx[:k], held[:k], need[:k]
+            if not recall_free:  # its costs read the free pool at each step: its blocks are fitted first
+                k, ctx, held, need = decode_run.fitting_steps(
+                    pol, self.admission, b, kv, self.waiting, self.disaggregated, k
+                )  # fmt: skip
+                if k < 2:
+                    return None
+                ctx, held, need = ctx[:k], held[:k], need[:k]
             record = False
             seen = rec.recall_steps  # stop before the step the timeline keeps (it is stepped, to record it)
             stop_recall = 1 if seen == 0 else (rec.timeline_step - seen if seen < rec.timeline_step else math.inf)
         compute = pol.compute
         if recall_free:
-            attended, layer_s = pol.recall_free_decode(ctx[0], b.offloaded, len(ctx))
+            attended, layer_s = pol.recall_free_decode(b.ctx + 1, b.offloaded, k)
             run = DecodeRun(layer_s[:, None], None, compute.decode_head_s(n), 0, compute.num_layers, attended)
         else:  # (a single step's blocks are allocated already, a run's not yet)
             free_blocks = np.array([kv.device.free]) if k_max == 1 else kv.device.free - need
             free_hbm_bytes = free_blocks * kv.block_bytes
             run = pol.step_costs(ctx, b.offloaded, b.cold, self.draws, b.recall_state, free_hbm_bytes)
-        run.ctx, run.held, run.allocated = ctx, held, need
         overhead_s, host_s = compute.step_overhead_s + extra_s, compute.overlapped_host_s(n)
         self.devices.time_run(run, now_s, overhead_s, host_s, next_s, soft_s, stop_recall, record)
         if k_max > 1:
+            if recall_free:  # its costs do not read the pool: its blocks are fitted to the steps timed
+                if run.steps < 2:
+                    return None
+                k, ctx, held, need = decode_run.fitting_steps(
+                    pol, self.admission, b, kv, self.waiting, self.disaggregated, run.steps
+                )  # fmt: skip
+                run.steps = min(run.steps, k)
             run.steps = decode_run.run_end(run.times_s, run.steps, now_s, arrivals, self.ties)
             if run.steps < 2:
                 return None
             del run.times_s[run.steps + 1 :]
+        run.ctx, run.held, run.allocated = ctx, held, need
         return run
 
     # ---- a single step ---------------------------------------------------------------------------

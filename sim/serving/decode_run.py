@@ -1,8 +1,11 @@
 """Where a run of decode steps ends: block growth (:func:`grown_blocks`, the one definition of the blocks the next
 steps allocate), the steps that fit without evicting, preempting or admitting (:func:`fitting_steps`), the cap a run
 is costed to (:func:`step_cap`) and the last cut of its timed steps (:func:`run_end`). The run builder
-(sim/serving/decode.py ``Decode._next_run``) takes these, in this order, for a skip-ahead run of any policy; a single
-step (k = 1) is always taken, its blocks allocated before it (evicting or preempting while the pool is short).
+(sim/serving/decode.py ``Decode._next_run``) takes these for a skip-ahead run of any policy: the cap, the fitting
+steps (before costing a run whose costs read the free pool at each step — one that recalls —, after timing a
+recall-free run, whose costs do not: the two orders give the same steps, as each bound only shortens the run), the
+timing's own bounds and the last cut; a single step (k = 1) is always taken, its blocks allocated before it (evicting
+or preempting while the pool is short).
 
 Between two events of other processes (an arrival, a remote prefill finishing, another replica's step, the
 horizon), a batch repeats one decision: decode one token for every running request. A skip-ahead run takes such
