@@ -223,7 +223,7 @@ class Decode:
         b, kv, rec = self.batch, self.kv, self.rec
         k = run.steps
         times_s = run.times_s  # [k + 1]
-        steps_s = [times_s[1] - times_s[0]] if k == 1 else np.diff(times_s).tolist()
+        steps_s = [times_s[1] - times_s[0]] if k == 1 else [end - start for start, end in zip(times_s, times_s[1:])]
         attended = run.attended_tokens[:k]
         if run.recall_bytes is None:
             self.admission.on_decode_run(steps_s, attended)
