@@ -101,10 +101,8 @@ def step_cap(policy: Policy, batch: DecodeBatch, now_s: float, bound_s: float, s
         steps = min(steps, max(2, MAX_RUN_CELLS // (n * compute.num_layers)))
     if min(bound_s, soft_s) < math.inf and (steps > SHORT_RUN_STEPS or (steps > 2 and not recall_free)):
         ctx0 = b.ctx + 1
-        least = (
-            int(np.where(b.offloaded, np.minimum(ctx0, policy.sparse_tokens), ctx0).sum())
-            if not recall_free
-            else (int(b.ctx.sum()) + n)
+        least = int(
+            (ctx0 if recall_free else np.where(b.offloaded, np.minimum(ctx0, policy.sparse_tokens), ctx0)).sum()
         )
         first_s = compute.step_overhead_s + compute.num_layers * compute.decode_layer_s(n, least)
         first_s += compute.decode_head_s(n)
