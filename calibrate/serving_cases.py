@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, ValidationError
 
-from sim.config import read_yaml, scenarios_dir
+from sim.config import ScenarioError, read_yaml, scenarios_dir
+from sim.config.engine import resolve_engine
 from sim.config.files import format_validation_error
 from sim.config.spec import Spec
 
@@ -46,6 +47,10 @@ METRIC_GROUPS = {  # metric → the group the report's error figures are taken o
     "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput",
 }  # fmt: skip
 ALL_AT_ONCE_RATE_PER_S = 1e5  # requests sent at once: arrivals 10 µs apart on average
+SETS = ("fit", "check", "saturation")
+# ShareGPT's prompt and output lengths as bench_serving samples them: coefficients of variation of the lognormal
+# lengths the simulator draws (docs/sources.md §12.4).
+SHAREGPT_CV = (1.0, 1.0)
 
 
 class ServingCaseError(ValueError):
@@ -87,11 +92,18 @@ class Setup(_Strict):
     length_spread: Annotated[float, Field(ge=0, lt=1)] = 0.0
     num_requests: Annotated[int, Field(gt=0, le=20_000)]
     load: Load
-    # colocated: prefill first (SGLang's default); mixed: prefill chunks ride in decode steps (vLLM V1, TensorRT-LLM,
-    # SGLang --enable-mixed-chunk); disaggregated: remote prefill; none: prompts cached (static-batch decode)
-    prefill: Literal["colocated", "mixed", "disaggregated", "none"] = "colocated"
+    # colocated: the engine prefills on the decode GPU (its card says whether chunks ride in decode steps);
+    # disaggregated: remote prefill; none: prompts cached (static-batch decode)
+    prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
+    # The prompt and output length distribution: ``random`` (the stated lengths, ± length_spread) or ``sharegpt``
+    # (bench_serving's ShareGPT sample: lognormal lengths with the stated means and ShareGPT's spread, SHAREGPT_CV).
+    dataset: Literal["random", "sharegpt"] = "random"
+    # Scheduler flags only where the published launch command set them (the engine card gives the rest):
+    # --chunked-prefill-size / --max-num-batched-tokens, --max-running-requests / --max-num-seqs,
+    # --enable-mixed-chunk / --enable-chunked-prefill.
     chunked_prefill_tokens: Annotated[int, Field(gt=0)] | None = None
     max_running_requests: Annotated[int, Field(gt=0)] | None = None
+    mixed_prefill: bool | None = None
     policy: str = "sglang"
     overrides: list[str] = []  # further --set overrides (e.g. an offload policy's budget)
 
@@ -117,9 +129,14 @@ class ServingCase(_Strict):
     """One serving case file."""
 
     name: str
-    set: Literal["fit", "check"]
+    # fit: the calibration reads it; check: never fitted; saturation: never fitted, all-at-once or closed-loop
+    # (>= 64 clients) runs reported as their own group
+    set: Literal["fit", "check", "saturation"]
     source: Source
-    engine: str  # engine and version as the source gives them
+    # The engine as it prints itself, NAME-VERSION (vllm-0.8.2, sglang-0.4.3.post4, trtllm-1.0), resolved to its
+    # release line's card (sim/config/engine.py); ``generic`` for prototypes and unknown engines.
+    engine: str
+    engine_note: str = ""  # how the source states the engine, where it is not NAME-VERSION
     setup: Setup
     measured: Measured
     by_construction: bool = False
@@ -155,10 +172,14 @@ def load_serving_case(path: Path) -> ServingCase:
         raise ServingCaseError(f"{path}: measured: no metric given; expected one of {list(Measured.model_fields)}")
     if case.setup.load.kind != "all_at_once" and case.setup.load.value is None:
         raise ServingCaseError(f"{path}: setup.load.value: missing for load kind {case.setup.load.kind!r}")
+    try:
+        resolve_engine(case.engine)
+    except ScenarioError as exc:
+        raise ServingCaseError(f"{path}: {exc}") from None
     return case
 
 
-def load_suite(only: list[str] | None = None, sets: tuple[str, ...] = ("fit", "check")) -> list[ServingCase]:
+def load_suite(only: list[str] | None = None, sets: tuple[str, ...] = SETS) -> list[ServingCase]:
     """The shipped serving cases (or the named ones, in that order) of the given sets.
 
     Raises:
@@ -173,35 +194,35 @@ def load_suite(only: list[str] | None = None, sets: tuple[str, ...] = ("fit", "c
 
 
 def engine_card(engine: str) -> str:
-    """The engine card (``scenarios/engines/``) of a case's ``engine`` string (engine and version as the source gives
-    them): vLLM 0.8.x → ``vllm-0.8``, TensorRT-LLM → ``trtllm``, SGLang → ``sglang``, anything else (other vLLM
-    versions, prototypes, unknown) → ``generic``."""
-    text = engine.strip().lower()
-    if text.startswith("vllm 0.8."):
-        return "vllm-0.8"
-    for prefix, card in (("trtllm", "trtllm"), ("sglang", "sglang")):
-        if text.startswith(prefix):
-            return card
-    return "generic"
+    """The release line (engine card name in ``scenarios/engines/``) a case's ``engine`` resolves to:
+    ``vllm-0.8.2`` → ``vllm-0.8``, ``trtllm-0.6.1`` → ``trtllm-0.5``, ``generic`` → ``generic``.
+
+    Raises:
+        ScenarioError: an engine no line covers (load_serving_case refuses such a file first).
+    """
+    return str(resolve_engine(engine)["name"])
 
 
 def case_overrides(case: ServingCase) -> list[str]:
     """``--set`` overrides of the default scenario that rebuild the case's benchmark (module docstring), on its
     engine card (:func:`engine_card`)."""
     s, load = case.setup, case.setup.load
-    prefill = {"mixed": "colocated"}.get(s.prefill, s.prefill)
-    cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
-    longest = s.input_tokens + s.output_tokens  # the context every request fits in (lognormal lengths: twice that)
-    longest = longest * 2 if cv else longest
+    prompt_cv = output_cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
+    if s.dataset == "sharegpt":
+        prompt_cv, output_cv = SHAREGPT_CV
+    longest = s.input_tokens + s.output_tokens  # the context every request fits in (lognormal lengths: more)
+    longest = longest * (1 + 3 * max(prompt_cv, output_cv)) if prompt_cv or output_cv else longest
     out = [
         f"model={s.model}", f"hardware={s.hardware}", f"serving.tp_size={s.tp_size}", f"policies={s.policy}",
-        f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={prefill}",
-        f"serving.mixed_prefill={s.prefill == 'mixed'}", "workload.trace=null", "workload.time_scale=1",
-        f"workload.synthetic.num_requests={s.num_requests}", f"workload.synthetic.prompt_tokens_cv={cv!r}",
-        f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", f"workload.synthetic.output_tokens_cv={cv!r}",
+        f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={s.prefill}",
+        "workload.trace=null", "workload.time_scale=1",
+        f"workload.synthetic.num_requests={s.num_requests}", f"workload.synthetic.prompt_tokens_cv={prompt_cv!r}",
+        f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", f"workload.synthetic.output_tokens_cv={output_cv!r}",
         f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
-        f"model.max_seq_len={max(longest, 4096)}", f"engine={engine_card(case.engine)}",
+        f"model.max_seq_len={max(int(longest), 4096)}", f"engine={case.engine}",
     ]  # fmt: skip
+    if s.mixed_prefill is not None:
+        out.append(f"serving.mixed_prefill={s.mixed_prefill}")
     rate = load.value if load.kind == "rate" else ALL_AT_ONCE_RATE_PER_S
     out.append(f"workload.synthetic.rate_per_s={rate}")
     cap = load.max_concurrency if load.kind == "rate" else (int(load.value) if load.kind == "concurrency" else None)

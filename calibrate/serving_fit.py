@@ -51,11 +51,16 @@ ENGINE_FIT_PARAMETERS: dict[str, dict[str, tuple[float, float, bool]]] = {
         "request_serial_us": (0.1, 300.0, True),  # per request in the engine core's loop
         "request_overlapped_us": (0.1, 1000.0, True),  # detokenising and streaming in the API server
     },
-    # TensorRT-LLM: a C++ runtime (v0.x) or, from v1.0, the PyTorch backend with its overlap scheduler (the host
-    # prepares step n + 1 while the GPU runs step n) and CUDA graphs: its host path is its own, not a Python server's.
-    "trtllm": {
+    # TensorRT-LLM: a C++ runtime (0.x) or, from 1.0, the PyTorch backend with its overlap scheduler (the host
+    # prepares step n + 1 while the GPU runs step n) and CUDA graphs: its host path is its own, not a Python server's;
+    # one pair of costs per release line.
+    "trtllm-0.5": {
         "step_serial_us": (20.0, 20000.0, True),  # what the overlap leaves of scheduling and launches per step
         "request_serial_us": (0.1, 300.0, True),  # per request per step, serial
+    },
+    "trtllm-1.0": {
+        "step_serial_us": (20.0, 20000.0, True),
+        "request_serial_us": (0.1, 300.0, True),
     },
 }
 ENGINE_PREFIX = "engine."  # a fitted engine value's name: engine.<card>.<field>
@@ -142,7 +147,7 @@ def shipped_start(card: str = "h200") -> dict[str, float]:
     — and each fitted engine card's), as the simulator reads them (an unset efficiency or serial cost takes the
     value the compute model falls back to), clipped to the bounds: the search's first trial, so a fit with more
     parameters starts where the last one ended."""
-    from sim.config.cards import EngineSpec, HardwareSpec
+    from sim.config import EngineSpec, HardwareSpec
     from sim.config.loader import load_card
 
     hw = HardwareSpec.model_validate(load_card("hardware", card))

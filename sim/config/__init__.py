@@ -6,7 +6,8 @@ hardware, engine), ``workload``, ``policy``, ``measured`` (selection statistics,
 (the whole experiment), ``files`` (YAML reading, the error), ``profiles`` (profile files), ``loader``.
 """
 
-from sim.config.cards import DEFAULT_ENGINE, EngineSpec, HardwareSpec, ModelSpec
+from sim.config.cards import HardwareSpec, ModelSpec
+from sim.config.engine import DEFAULT_ENGINE, EngineSpec
 from sim.config.files import ScenarioError, format_validation_error, read_yaml, scenarios_dir
 from sim.config.loader import dump_scenario, load_scenario
 from sim.config.measured import ComputeProfile, Profile, RecallStatsSpec, SelectionProfile

@@ -142,7 +142,9 @@ class HardwareSpec(Spec):
     # docs/sources.md §3.3).
     h2d_call_us: Annotated[float, Field(ge=0)] = 3.7
     host_dram_gib: PositiveFloat  # host DRAM available for offloaded KV
-    reserve_gib: Annotated[float, Field(ge=0)]  # HBM kept out of the static pool (activations, graphs)
+    # HBM per GPU that is neither weights nor KV pool (activations, CUDA graphs, context): the engine card's memory
+    # rule fills it when the card leaves it out (sim/config/engine_apply.py); set it to override the engine.
+    reserve_gib: Annotated[float, Field(ge=0)] | None = None
     h2d_size_table: list[tuple[PositiveInt, PositiveFloat]] | None = None  # measured (size_bytes, gbps)
     d2h_coupling: Annotated[float, Field(ge=0, lt=1)] = 0.0  # H2D slowdown while D2H writes run
     host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
@@ -195,7 +197,6 @@ class HardwareSpec(Spec):
     gpus_per_pcie_switch: PositiveInt = 1  # GPUs sharing one host uplink of h2d_bandwidth_gbps
     gpus_per_socket: PositiveInt = 4  # GPUs whose host gather reads one CPU socket's DRAM
     host_dram_gbps_per_socket: PositiveFloat | None = None  # None: gather never limited by DRAM bandwidth
-    reserve_per_tp_gib: Annotated[float, Field(ge=0)] = 0.5  # SGLang: reserve grows by tp/2 GB (§5.1)
     # Node-level host sharing (sim/config/parallel.py host_share). A PCIe switch's uplink to the host, per
     # direction, shared by the recalling GPUs behind it; None: the GPU's own h2d/d2h rate (model assumption: the
     # uplink is an x16 link of the GPU's generation, as each GPU's own). GBPS bounds: sim/config/checks.py.
@@ -235,48 +236,11 @@ class HardwareSpec(Spec):
 
     @property
     def reserve_bytes(self) -> int:
+        """``reserve_gib`` in bytes.
+
+        Raises:
+            ValueError: when no engine card resolved it (a card validated outside :func:`load_scenario`).
+        """
+        if self.reserve_gib is None:
+            raise ValueError(f"hardware {self.name}: reserve_gib is unset; load the scenario so the engine sets it")
         return int(self.reserve_gib * GIB)
-
-
-class EngineSpec(Spec):
-    """The serving engine's host path (one engine card; shipped cards in ``scenarios/engines/``, selected by the
-    scenario's ``engine`` key, default :data:`DEFAULT_ENGINE`): the CPU work of each decode step, split by whether it
-    runs in series with the GPU step or overlapped with it (sim/step/compute.py; docs/sources.md §11).
-
-    * ``step_serial_us`` (µs per step) and ``request_serial_us`` (µs per request per step): scheduling, input
-      preparation, launches and sampling bookkeeping done by the thread that drives the GPU, in series with the
-      step (added to it). ``None``: the hardware card's ``decode_step_overhead_us`` / ``decode_request_overhead_us``
-      (the values fitted before the host path moved to the engine, so an engine that leaves them unset behaves as
-      the simulator did before engine cards existed).
-    * ``request_overlapped_us`` (µs per request per step): work done in another thread or process while the GPU
-      runs (vLLM V1's API-server process detokenising and streaming, SGLang's overlap scheduler): a step lasts
-      ``max(serial step, B · request_overlapped_us)`` for a batch of B (sim/step/pipeline.py ``host_bound_s``).
-
-    Bounds: 0 to 1e5 µs per step and 0 to 1e4 µs per request (a tenth of a second and ten milliseconds: far past
-    any published host profile; the fitted values' bounds are narrower, calibrate/serving_fit.py).
-    """
-
-    name: str = "sglang"
-    source: str = "the simulator's SGLang baseline and PulseInfer: the card's host costs, nothing overlapped"
-    step_serial_us: Annotated[float, Field(ge=0, le=1e5)] | None = None
-    request_serial_us: Annotated[float, Field(ge=0, le=1e4)] | None = None
-    request_overlapped_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
-
-    def step_serial_us_on(self, hardware: HardwareSpec) -> float:
-        """Serial host µs of one decode step: this engine's, else the card's ``decode_step_overhead_us``."""
-        return self.step_serial_us if self.step_serial_us is not None else hardware.decode_step_overhead_us
-
-    def request_serial_us_on(self, hardware: HardwareSpec) -> float:
-        """Serial host µs per request per decode step: this engine's, else the card's ``decode_request_overhead_us``."""
-        return self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
-
-    def step_serial_s(self, hardware: HardwareSpec) -> float:
-        """Serial host seconds of one decode step (:meth:`step_serial_us_on`)."""
-        return self.step_serial_us_on(hardware) * 1e-6
-
-    def request_serial_s(self, hardware: HardwareSpec) -> float:
-        """Serial host seconds per request per decode step (:meth:`request_serial_us_on`)."""
-        return self.request_serial_us_on(hardware) * 1e-6
-
-
-DEFAULT_ENGINE = EngineSpec()  # scenarios/engines/sglang.yaml: what the SGLang baseline and PulseInfer represent

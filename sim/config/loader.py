@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sim.config.engine import engine_card, resolve_engine
+from sim.config.engine_apply import DEFAULT_ENGINE_NAME, apply_engine
 from sim.config.files import (
     SHOWN_CHARS,
     ScenarioError,
@@ -61,7 +63,9 @@ def load_card(kind: str, name: str) -> dict[str, Any]:
                 f"{kind}: {short_repr(name)} is a profile (it has a {kind} section), not a {kind} card: "
                 f"use --set profile={name}"
             )
-        return data
+        return engine_card(data) if kind == "engine" else data
+    if kind == "engine":
+        return resolve_engine(name)
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
     if not _is_file(path):
         raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(card_names(kind))})")
@@ -115,12 +119,30 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
         _set_dotted(raw, key, value)
     if isinstance(raw.get("profile"), str):  # named by an override
         apply_profile(raw)
+    raw.setdefault("engine", DEFAULT_ENGINE_NAME)
     for kind in CARD_KINDS:
         if isinstance(raw.get(kind), str):
             raw[kind] = load_card(kind, raw[kind])
+    if isinstance(raw.get("engine"), dict):
+        raw["engine"] = engine_card(raw["engine"])
+    given = _given_keys(raw)
     raw["policy"] = resolve_policies(raw)
+    apply_engine(raw, given)
     _check_policy_overrides([key for key, _ in parsed], raw["policies"])
     return validate_scenario(raw)
+
+
+def _given_keys(raw: dict[str, Any]) -> dict[str, set[str]]:
+    """The keys the scenario (its file, profile and ``--set`` overrides) sets itself, before presets and the engine's
+    defaults fill the rest: ``serving``, ``hardware`` and ``policy.<name>`` → key names."""
+    out: dict[str, set[str]] = {}
+    for section in ("serving", "hardware"):
+        value = raw.get(section)
+        out[section] = set(value) if isinstance(value, dict) else set()
+    policies = raw.get("policy")
+    for name, entry in policies.items() if isinstance(policies, dict) else ():
+        out[f"policy.{name}"] = set(entry) if isinstance(entry, dict) else set()
+    return out
 
 
 def policy_presets() -> list[str]:

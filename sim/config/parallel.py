@@ -120,7 +120,6 @@ def host_share(hardware: HardwareSpec, tp: int = 1) -> HostShare:
 def per_gpu_hardware(hardware: HardwareSpec, tp: int) -> HardwareSpec:
     """The card as one GPU of a ``tp``-GPU group sees it (``hardware`` itself when it shares nothing).
 
-    * ``reserve_gib`` + ``reserve_per_tp_gib`` × (tp − 1): SGLang's reserve (c + tp/2) GB (docs/sources.md §5.1).
     * Its share of the host path, :func:`host_share`: H2D and D2H rates; where sharing lowers the H2D rate, the GPU
       gather kernel's rate and every measured size-table rate capped at it (they cross the same PCIe); one gather
       thread's rate
@@ -134,7 +133,6 @@ def per_gpu_hardware(hardware: HardwareSpec, tp: int) -> HardwareSpec:
     cap = share.h2d_gbps if share.h2d_gbps < hardware.h2d_bandwidth_gbps else float("inf")
     table = hardware.h2d_size_table
     update = {
-        "reserve_gib": hardware.reserve_gib + hardware.reserve_per_tp_gib * (tp - 1),
         "h2d_bandwidth_gbps": share.h2d_gbps,
         "d2h_bandwidth_gbps": share.d2h_gbps,
         "gpu_gather_gbps": min(hardware.gpu_gather_gbps, cap),
@@ -142,7 +140,7 @@ def per_gpu_hardware(hardware: HardwareSpec, tp: int) -> HardwareSpec:
         "h2d_size_table": None if table is None else [(size, min(gbps, cap)) for size, gbps in table],
     }
     if all(getattr(hardware, key) == value for key, value in update.items()):
-        return hardware  # nothing shared, no TP reserve: the card itself (its numbers, exactly)
+        return hardware  # nothing shared: the card itself (its numbers, exactly)
     return hardware.model_copy(update=update)
 
 

@@ -21,7 +21,9 @@ class DensePolicy(Spec):
 
     kind: Literal["dense"] = "dense"
     block_size: PositiveInt = 1  # SGLang's page_size default is 1 token
-    chunked_prefill_tokens: PositiveInt = 8192  # chunked_prefill_size on A100/H100/H200 (§5.2)
+    # The scheduler's knobs below default to the engine card's values (sim/config/engine_apply.py): the token budget
+    # of one forward (SGLang chunked_prefill_size, vLLM max_num_batched_tokens) and the running-request cap.
+    chunked_prefill_tokens: PositiveInt = 8192
     max_running_requests: PositiveInt = 2048
     new_token_ratio_init: Annotated[float, Field(ge=0, le=1)] = 0.7  # §5.2 item 4
     new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
@@ -47,6 +49,9 @@ class DensePolicy(Spec):
     # min(1, (Σ generated + retract_decode_steps · n) / (Σ max_new_tokens + 1)) over the surviving batch.
     retract_ratio: Literal["reset", "estimate"] = "reset"
     retract_decode_steps: PositiveInt = 20  # SGLANG_RETRACT_DECODE_STEPS
+    # Which running request a full pool pre-empts: SGLang's ``fewest_decoded`` (fewest output tokens, then the
+    # longest prompt) or vLLM's ``newest`` (the most recently admitted). Default: the engine card's.
+    preempt_victim: Literal["fewest_decoded", "newest"] = "fewest_decoded"
 
     @model_validator(mode="after")
     def _check_ratio(self) -> DensePolicy:

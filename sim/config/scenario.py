@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.config.cards import DEFAULT_ENGINE, EngineSpec, HardwareSpec, ModelSpec
+from sim.config.cards import HardwareSpec, ModelSpec
 from sim.config.checks import geometry_problems
+from sim.config.engine import DEFAULT_ENGINE, EngineSpec
 from sim.config.files import scenarios_dir, short_repr, table_format_problem
 from sim.config.measured import Profile, RecallStatsSpec
 from sim.config.parallel import shard_error
@@ -53,7 +54,10 @@ class ServingSpec(Spec):
     # colocated only: a forward carries the prefill chunk and the running batch's decode tokens together (vLLM
     # V1's default scheduler, TensorRT-LLM's in-flight batching with chunked context, SGLang --enable-mixed-chunk);
     # false: prefill first, decode waits (SGLang's default). sim/serving/prefill.py.
-    mixed_prefill: bool = False
+    mixed_prefill: bool = False  # default: the engine card's (sim/config/engine_apply.py)
+    # How the engine is driven: ``serve`` (an OpenAI-compatible server, as every public serving benchmark) or
+    # ``offline`` (vLLM's LLM class): vLLM's token budget depends on it (sim/config/engine.py GpuTier).
+    usage_context: Literal["serve", "offline"] = "serve"
     num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
     tp_size: Literal[1, 2, 4, 8] = 1
     replicas: PositiveInt = 1  # decode replicas (each of tp_size GPUs)
@@ -153,7 +157,7 @@ class Scenario(Spec):
     seed: Annotated[int, Field(ge=0)] = 0
     model: ModelSpec
     hardware: HardwareSpec
-    engine: EngineSpec = DEFAULT_ENGINE  # the serving engine's host path (an engine card name or its fields)
+    engine: EngineSpec = DEFAULT_ENGINE  # the serving engine's release line (a name such as vllm-0.11.0, or a card)
     workload: WorkloadSpec = WorkloadSpec()
     slo: SloSpec = SloSpec()
     serving: ServingSpec = ServingSpec()

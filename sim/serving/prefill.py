@@ -104,10 +104,14 @@ class Prefill:
         return admitted
 
     def _build_prefill(self) -> list[tuple[Request, int]]:
-        """The next prefill forward: ``(request, new tokens)`` chunks within ``chunked_prefill_tokens``."""
+        """The next prefill forward: ``(request, new tokens)`` chunks within ``chunked_prefill_tokens``. A mixed step
+        (``serving.mixed_prefill``) fills its token budget with the running batch's decode tokens first (vLLM V1's
+        scheduler: running requests, then waiting ones), so its chunks get what they leave."""
         budget = self.policy.params.chunked_prefill_tokens
+        if self.scenario.serving.mixed_prefill:
+            budget -= len(self.batch)
         chunks: list[tuple[Request, int]] = []
-        if self.chunked is not None:
+        if self.chunked is not None and budget > 0:
             req = self.chunked
             take = min(req.prefill_target - req.prefilled, budget)
             chunks.append((req, take))

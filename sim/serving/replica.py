@@ -230,9 +230,13 @@ class Replica(Prefill, Decode):
 
     # ---- decode (sim/serving/decode.py) ---------------------------------------------------------
     def _preempt(self) -> None:
-        """Preempt one request as SGLang ``retract_decode``: fewest generated tokens first, then the longest prompt."""
+        """Preempt one request: SGLang ``retract_decode``'s fewest generated tokens first, then the longest prompt, or
+        vLLM's most recently admitted (``preempt_victim``, from the engine card)."""
         b = self.batch
-        victim = int(np.lexsort((-b.prompt, b.generated))[0])
+        if self.policy.params.preempt_victim == "newest":
+            victim = len(b) - 1  # the batch keeps admission order (DecodeBatch.add appends)
+        else:
+            victim = int(np.lexsort((-b.prompt, b.generated))[0])
         mask = np.zeros(len(b), dtype=bool)
         mask[victim] = True
         (req,) = b.remove(mask)

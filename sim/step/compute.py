@@ -26,7 +26,7 @@ hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead an
 measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
 With H = h_attn = 0 and η_attn = η_moe = 1 this is a plain bandwidth roofline.
 
-Each decode step adds the serving engine's serial host cost (sim/config/cards.py ``EngineSpec``: ``step_serial_us``,
+Each decode step adds the serving engine's serial host cost (sim/config/engine.py ``EngineSpec``: ``step_serial_us``,
 else the card's ``decode_step_overhead_us``: scheduler and launches of a CUDA-graph step; timed by
 sim/step/pipeline.py before layer 0) and, after the last layer, the LM head ``max((lm_head_bytes + H) / (BW · η_hbm),
 2·B·V·hidden / (peak_w · mfu_w))`` plus ``B · request_serial_us`` (else the card's ``decode_request_overhead_us``: each
@@ -35,6 +35,10 @@ request's host work done in series with the GPU). The engine's overlapped host w
 does not add: the step lasts max(serial step, overlapped host work), applied where steps are timed
 (sim/step/pipeline.py ``host_bound_s``), so a host-bound engine's small-GPU-work, large-batch steps stretch while
 large-GPU-work steps do not notice (docs/sources.md §11).
+
+CUDA graphs: a decode step of B requests runs its GEMMs and LM head at the engine's next captured batch size ≥ B
+(:meth:`ComputeModel.padded_batch`; B itself above the largest captured size or on an engine without graphs), so
+the compute-bound terms above use the padded B; the weight reads do not change.
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
@@ -124,6 +128,10 @@ class ComputeModel:
         self.step_overhead_s = engine.step_serial_s(hw)
         self.request_overhead_s = engine.request_serial_s(hw)
         self.overlapped_request_s = engine.request_overlapped_us * 1e-6
+        # CUDA graphs: a decode batch runs its GEMMs at the next captured size (padding rows compute but are dropped)
+        top = engine.cuda_graph_max_batch
+        top = engine.tier(hw.hbm_gib, hw.name).cuda_graph_max_batch if top is None else top
+        self._padded = [engine.padded_batch(b, hw.hbm_gib, hw.name) for b in range(top + 1)] if top else []
         self.profile = profile
         if profile is not None:
             self.step_overhead_s = 0.0  # measured inside head_s
@@ -156,6 +164,11 @@ class ComputeModel:
         one_s = allreduce_s(nbytes, self.tp_size, self.nvlink_gbps, self.nvlink_latency_us)
         return 2.0 * (one_s + self.allreduce_call_s)
 
+    def padded_batch(self, batch_size: int) -> int:
+        """The batch the step's GEMMs run at: the engine's next CUDA-graph size, or ``batch_size`` itself above the
+        largest captured one (eager) or without graphs (sim/config/engine.py ``EngineSpec.padded_batch``)."""
+        return self._padded[batch_size] if batch_size < len(self._padded) else batch_size
+
     def decode_layer_s(self, batch_size: int, attended_tokens: int | np.ndarray) -> float | np.ndarray:
         """One decoder layer of one decode step, or of k steps of one batch size at once (numpy broadcasting: the
         same float operations in the same order, so each step's time is the one a scalar call gives).
@@ -174,7 +187,7 @@ class ComputeModel:
         gemm_s = self.shared_read_bytes / self.bandwidth_bps
         if self.num_experts:
             gemm_s += self.experts_touched(batch_size) * self.expert_read_bytes / self.expert_bandwidth_bps
-        gemm_s = max(gemm_s, 2 * batch_size * self.active_params_layer / self.flops_per_s)
+        gemm_s = max(gemm_s, 2 * self.padded_batch(batch_size) * self.active_params_layer / self.flops_per_s)
         memory_s = (attended_tokens + batch_size * self.attn_half_tokens) * (
             self.kv_bytes_per_token_per_layer / self.attn_bandwidth_bps
         )
@@ -188,7 +201,7 @@ class ComputeModel:
         """LM head, sampling and the per-request host work of one decode step (after the last layer), seconds."""
         if self.profile is not None:
             return self._head[0] + self._head[1] * batch_size
-        flops = 2 * batch_size * self.lm_head_params
+        flops = 2 * self.padded_batch(batch_size) * self.lm_head_params
         head_s = max((self.lm_head_bytes + self.half_bytes) / self.bandwidth_bps, flops / self.flops_per_s)
         return head_s + batch_size * self.request_overhead_s
 

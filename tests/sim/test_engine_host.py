@@ -1,4 +1,4 @@
-"""The serving engine's host path (sim/config/cards.py ``EngineSpec``, scenarios/engines/): engine cards load and are
+"""The serving engine's host path (sim/config/engine.py ``EngineSpec``, scenarios/engines/): engine cards load and are
 validated; the serial costs fall back to the card's; the overlapped host work bounds each step from below —
 max(serial step, B · request_overlapped_us), sim/step/pipeline.py ``host_bound_s`` — over the step axis (k steps
 timed at once, recalling or not, compiled or not), and a simulation honours it with skip-ahead on and off."""
@@ -27,13 +27,20 @@ SHORT = [
 # ---- engine cards -------------------------------------------------------------------------------
 
 
-def test_every_shipped_engine_card_loads_and_the_default_is_sglang():
+def test_every_shipped_engine_card_loads_and_todays_names_still_work():
     names = card_names("engine")
-    assert {"sglang", "vllm-0.8", "trtllm", "generic"} <= set(names)
+    assert {"vllm-0.8", "generic", "sglang-0.5", "trtllm-1.0"} <= set(names)
     for name in names:
         assert load_scenario("default", [f"engine={name}"]).engine.name == name
     default = load_scenario("default").engine
-    assert default == DEFAULT_ENGINE and default.name == "sglang"
+    assert default.name == "sglang-0.5" and default != DEFAULT_ENGINE  # the newest SGLang line, not the bare schema
+    for old, line in [
+        ("sglang", "sglang-0.5"),
+        ("trtllm", "trtllm-1.0"),
+        ("vllm-0.8", "vllm-0.8"),
+        ("vllm", "vllm-0.11"),
+    ]:
+        assert load_scenario("default", [f"engine={old}"]).engine.name == line
     shipped = load_scenario("default", ["engine=sglang"]).engine
     assert (shipped.step_serial_us, shipped.request_serial_us, shipped.request_overlapped_us) == (None, None, 0.0)
 
@@ -41,7 +48,8 @@ def test_every_shipped_engine_card_loads_and_the_default_is_sglang():
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("engine=vllm-9", "engine: unknown card 'vllm-9'"),
+        ("engine=vllm-9", "engine: 'vllm-9' is outside every vllm release line"),
+        ("engine=foo-1.0", "engine: unknown engine 'foo-1.0'"),
         ("engine.request_overlapped_us=-1", "engine.request_overlapped_us"),
         ("engine.request_serial_us=20000", "engine.request_serial_us"),
         ("engine.step_serial_us=1e6", "engine.step_serial_us"),

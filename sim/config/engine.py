@@ -1,0 +1,367 @@
+"""The serving engine: one card per release line of vLLM, SGLang or TensorRT-LLM (``scenarios/engines/``).
+
+A scenario names its engine as the engine prints itself (``engine: vllm-0.11.0``, ``sglang-0.5.5.post1``,
+``trtllm-1.2.0rc1``) or by name alone (``engine: vllm``: the newest line). :func:`resolve_engine` finds the card of
+the release line whose ``versions`` (a PEP 440 specifier set, pre- and post-releases included) covers the version;
+a version older than every line runs on the oldest line, with a ``note``; an unknown name, or a version newer than
+every line, is refused in one line that lists the lines.
+
+A card states what decides serving at saturation, each from the engine's source at the release it was read from
+(docs/sources.md §12 gives file and line; docs/engine_releases.md the notes):
+
+* the step: whether prefill chunks ride in decode steps (``mixed_prefill``; a mixed step fills its token budget with
+  the running requests' decode tokens first, then prefill chunks; otherwise a prefill forward runs first whenever
+  one can be formed and decode waits);
+* per GPU (:class:`GpuTier`, first match by the GPU's memory and name): the token budget (vLLM
+  ``max_num_batched_tokens``; SGLang ``chunked_prefill_size``), its offline value (vLLM's ``LLM`` class), the
+  running-request cap and the largest CUDA-graph decode batch;
+* the KV pool (:class:`KvMemory`): the share of HBM the engine takes and what it keeps back for activations, CUDA
+  graphs and the CUDA context, given TP and the token budget; the dense pool's block (page) size;
+* admission and pre-emption: how much of each running request's remaining output the scheduler reserves before it
+  admits another (``new_token_ratio_*``: SGLang's decaying estimate, vLLM's none, TensorRT-LLM's
+  GUARANTEED_NO_EVICT all), whether a pre-empted request is recomputed or swapped, and which request is pre-empted;
+* prefix caching on or off by default;
+* the CUDA-graph batch sizes a decode batch is padded to (``cuda_graph_sizes``);
+* the host costs of a decode step (serial and overlapped with the GPU), fitted per line where the serving suite
+  has cases of it (docs/sources.md §11), else the hardware card's fitted catch-all.
+
+:func:`engine_defaults` evaluates a card for one GPU, TP and usage context: the numbers the loader writes into the
+scenario's ``serving``, ``policy`` and ``hardware`` sections wherever the scenario does not set them itself
+(sim/config/loader.py), so a run's resolved ``scenario.yaml`` shows them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import Field, field_validator, model_validator
+
+from sim.config.files import ScenarioError, read_yaml, scenarios_dir, short_repr
+from sim.config.spec import NonNeg, PositiveFloat, PositiveInt, Spec
+
+ENGINE_DIR = "engines"
+ENGINE_KINDS = ("vllm", "sglang", "trtllm")
+# How engines spell their own name in the files benchmark clients write (bench_serving's backend, vLLM's metadata).
+ENGINE_ALIASES = {
+    "vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm",
+    "trt-llm": "trtllm", "tensorrtllm": "trtllm",
+}  # fmt: skip
+_NAME_VERSION = re.compile(r"^\s*([a-z_-]*?[a-z])(?:[-_ ]+v?|(?=\d))?(\d[0-9a-z.+!-]*)?\s*$", re.IGNORECASE)
+
+
+class GpuTier(Spec):
+    """One GPU class's scheduler defaults. A tier matches a GPU with less than ``below_hbm_gib`` of memory (None:
+    any) whose card name contains ``name_contains`` (None: any; vLLM ≥ 0.9 singles out A100s by device name);
+    a card's tiers are tried in order and the first match wins (the last tier should match every GPU)."""
+
+    below_hbm_gib: PositiveFloat | None = None
+    name_contains: str | None = None
+    # Tokens one forward carries: vLLM max_num_batched_tokens, SGLang chunked_prefill_size, TensorRT-LLM
+    # max_num_tokens; ``max_seq_len``: the model's longest context (vLLM V0 without chunked prefill).
+    token_budget: PositiveInt | Literal["max_seq_len"]
+    offline_token_budget: PositiveInt | None = None  # the budget in offline use (vLLM's LLM class); None: the same
+    max_running_requests: PositiveInt  # vLLM max_num_seqs, SGLang max_running_requests, TensorRT-LLM max_batch_size
+    cuda_graph_max_batch: Annotated[int, Field(ge=0)] = 0  # largest captured decode batch; 0: no CUDA graphs
+    reserve_gib: NonNeg | None = None  # this tier's fixed HBM reserve (None: the card's kv_memory.reserve_gib)
+    reserve_floor_gib: NonNeg | None = None  # this tier's floor on the reserve (None: kv_memory.reserve_floor_gib)
+
+    def matches(self, hbm_gib: float, card_name: str) -> bool:
+        """Whether a GPU of ``hbm_gib`` GiB named ``card_name`` is in this tier."""
+        if self.below_hbm_gib is not None and hbm_gib >= self.below_hbm_gib:
+            return False
+        return self.name_contains is None or self.name_contains.lower() in card_name.lower()
+
+
+class KvMemory(Spec):
+    """How the engine sizes its KV pool on one GPU (GiB = 2**30 bytes)::
+
+        reserve = max(floor, reserve_gib + reserve_per_tp_gib · tp
+                             + reserve_per_budget_token_kib · max(budget, budget_floor_tokens) / 2**20
+                             + reserve_per_graph_batch_mib · cuda_graph_max_batch / 2**10)
+        of total: pool = utilization · hbm − weights − reserve        (vLLM gpu_memory_utilization; SGLang: 1)
+        of free:  pool = utilization · (hbm − weights − reserve)      (TensorRT-LLM kv_cache_free_gpu_mem_fraction)
+
+    ``utilization_by_tp`` (SGLang ≤ 0.3 ``mem_fraction_static``): the utilization at the largest listed TP ≤ the
+    scenario's. The simulator keeps ``hbm − pool − weights`` as the hardware's ``reserve_gib`` (sim/serving/kv.py).
+    """
+
+    utilization: Annotated[float, Field(gt=0, le=1)] = 1.0
+    utilization_by_tp: dict[PositiveInt, Annotated[float, Field(gt=0, le=1)]] = {}
+    of: Literal["total", "free"] = "total"
+    reserve_gib: NonNeg = 0.0
+    reserve_per_tp_gib: NonNeg = 0.0
+    reserve_per_budget_token_kib: NonNeg = 0.0
+    budget_floor_tokens: Annotated[int, Field(ge=0)] = 0
+    reserve_per_graph_batch_mib: NonNeg = 0.0
+    reserve_floor_gib: NonNeg = 0.0
+
+
+class EngineSpec(Spec):
+    """One release line of a serving engine (module docstring); shipped cards in ``scenarios/engines/``.
+
+    The host path: ``step_serial_us`` (µs per step) and ``request_serial_us`` (µs per request per step) are the CPU
+    work done in series with the GPU step (scheduling, input preparation, launches, sampling bookkeeping), added to
+    it; None: the hardware card's ``decode_step_overhead_us`` / ``decode_request_overhead_us`` (the catch-all fitted
+    on every engine's cases). ``request_overlapped_us`` (µs per request per step): work done in another thread or
+    process while the GPU runs; a step lasts ``max(serial step, B · request_overlapped_us)`` for a batch of B
+    (sim/step/pipeline.py ``host_bound_s``). Bounds: 0 to 1e5 µs per step and 0 to 1e4 µs per request.
+
+    Raises (validation): ``ValueError`` for a ``versions`` that is not a PEP 440 specifier set, no tier, or CUDA-graph
+    sizes that are not [n] or [start, stop, step] with positive integers.
+    """
+
+    name: str = "generic"
+    engine: Literal["vllm", "sglang", "trtllm", "generic"] = "generic"
+    versions: str = ""  # PEP 440 specifier set of the releases this line covers ("" : no release, e.g. generic)
+    built_from: list[str] = []  # the releases whose source the card was read from
+    version: str = ""  # the release the scenario asked for ("": the line itself)
+    note: str = ""  # how the scenario's name was resolved where it was not exact
+    source: str = "the simulator's SGLang-like scheduler and the card's host costs"
+    mixed_prefill: bool = False
+    tiers: Annotated[list[GpuTier], Field(min_length=1)] = [GpuTier(token_budget=8192, max_running_requests=2048)]
+    kv_memory: KvMemory = KvMemory(reserve_gib=9.5, reserve_per_tp_gib=0.5)
+    block_tokens: PositiveInt = 1  # the dense KV pool's block (page) size
+    new_token_ratio_init: Annotated[float, Field(ge=0, le=1)] = 0.7
+    new_token_ratio_min: Annotated[float, Field(ge=0, le=1)] = 0.098
+    preemption: Literal["recompute", "swap"] = "recompute"
+    preempt_victim: Literal["fewest_decoded", "newest"] = "fewest_decoded"
+    prefix_cache: bool = True
+    cuda_graph_sizes: list[list[PositiveInt]] = []  # [n] or [start, stop, step] (stop included); [] = none
+    # The largest captured decode batch on the scenario's GPU (None: its tier's; the loader writes it).
+    cuda_graph_max_batch: Annotated[int, Field(ge=0)] | None = None
+    step_serial_us: Annotated[float, Field(ge=0, le=1e5)] | None = None
+    request_serial_us: Annotated[float, Field(ge=0, le=1e4)] | None = None
+    request_overlapped_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
+
+    @field_validator("versions")
+    @classmethod
+    def _check_versions(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(
+                f"expected a PEP 440 specifier set such as '>=0.8,<0.9', got {short_repr(value)}"
+            ) from None
+        return value
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _check_sizes(cls, value: list[list[int]]) -> list[list[int]]:
+        for item in value:
+            if len(item) not in (1, 3) or (len(item) == 3 and item[1] < item[0]):
+                raise ValueError(f"each entry is [n] or [start, stop, step] with stop >= start, got {item}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_ratio(self) -> EngineSpec:
+        if self.new_token_ratio_init < self.new_token_ratio_min:
+            raise ValueError(
+                f"new_token_ratio_init ({self.new_token_ratio_init}) must be >= new_token_ratio_min "
+                f"({self.new_token_ratio_min})"
+            )
+        return self
+
+    def tier(self, hbm_gib: float, card_name: str) -> GpuTier:
+        """The first tier that matches the GPU (the last one when none does)."""
+        return next((t for t in self.tiers if t.matches(hbm_gib, card_name)), self.tiers[-1])
+
+    def graph_batches(self, max_batch: int) -> tuple[int, ...]:
+        """The captured decode batch sizes up to ``max_batch``, ascending (empty: no CUDA graphs)."""
+        sizes: set[int] = set()
+        for item in self.cuda_graph_sizes:
+            sizes.update([item[0]] if len(item) == 1 else range(item[0], item[1] + 1, item[2]))
+        return tuple(sorted(s for s in sizes if s <= max_batch))
+
+    def padded_batch(self, batch_size: int, hbm_gib: float, card_name: str) -> int:
+        """The batch a decode step of ``batch_size`` requests runs its GEMMs at: the smallest captured size that
+        holds it (CUDA-graph padding), or ``batch_size`` itself above the largest or without graphs."""
+        top = self.cuda_graph_max_batch
+        if top is None:
+            top = self.tier(hbm_gib, card_name).cuda_graph_max_batch
+        return next((s for s in self.graph_batches(top) if s >= batch_size), batch_size)
+
+    def step_serial_us_on(self, hardware) -> float:
+        """Serial host µs of one decode step: this engine's, else the card's ``decode_step_overhead_us``."""
+        return self.step_serial_us if self.step_serial_us is not None else hardware.decode_step_overhead_us
+
+    def request_serial_us_on(self, hardware) -> float:
+        """Serial host µs per request per decode step: this engine's, else the card's ``decode_request_overhead_us``."""
+        return self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
+
+    def step_serial_s(self, hardware) -> float:
+        """Serial host seconds of one decode step (:meth:`step_serial_us_on`)."""
+        return self.step_serial_us_on(hardware) * 1e-6
+
+    def request_serial_s(self, hardware) -> float:
+        """Serial host seconds per request per decode step (:meth:`request_serial_us_on`)."""
+        return self.request_serial_us_on(hardware) * 1e-6
+
+
+DEFAULT_ENGINE = EngineSpec()  # direct construction only: the loader's default is the newest SGLang line
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    """A card evaluated for one GPU, TP and usage context (:func:`engine_defaults`)."""
+
+    token_budget: int  # tokens per forward
+    max_running_requests: int
+    cuda_graph_max_batch: int
+    reserve_gib: float  # hbm − pool − weights, per GPU (the hardware section's reserve_gib)
+
+
+def engine_defaults(
+    engine: EngineSpec, hbm_gib: float, card_name: str, tp: int, weight_gib: float, max_seq_len: int, usage: str
+) -> EngineDefaults:
+    """The card's defaults on one GPU.
+
+    Args:
+        engine: the release line's card.
+        hbm_gib: the GPU's memory (GiB, as the engine reads it); card_name: the hardware card's name.
+        tp: GPUs per replica; weight_gib: the model's weights on one GPU (GiB); max_seq_len: the longest context.
+        usage: ``serve`` (an OpenAI-compatible server) or ``offline`` (vLLM's ``LLM`` class).
+    """
+    tier = engine.tier(hbm_gib, card_name)
+    budget = max_seq_len if tier.token_budget == "max_seq_len" else tier.token_budget
+    if usage == "offline" and tier.offline_token_budget is not None:
+        budget = tier.offline_token_budget
+    mem = engine.kv_memory
+    fixed = mem.reserve_gib if tier.reserve_gib is None else tier.reserve_gib
+    floor = mem.reserve_floor_gib if tier.reserve_floor_gib is None else tier.reserve_floor_gib
+    reserve = max(
+        floor,
+        fixed
+        + mem.reserve_per_tp_gib * tp
+        + mem.reserve_per_budget_token_kib * max(budget, mem.budget_floor_tokens) / 2**20
+        + mem.reserve_per_graph_batch_mib * tier.cuda_graph_max_batch / 2**10,
+    )
+    utilization = mem.utilization
+    if mem.utilization_by_tp:
+        utilization = mem.utilization_by_tp[
+            max((k for k in mem.utilization_by_tp if k <= tp), default=min(mem.utilization_by_tp))
+        ]
+    if mem.of == "total":
+        pool = utilization * hbm_gib - weight_gib - reserve
+    else:
+        pool = utilization * (hbm_gib - weight_gib - reserve)
+    return EngineDefaults(budget, tier.max_running_requests, tier.cuda_graph_max_batch, hbm_gib - weight_gib - pool)
+
+
+# ---- release lines ------------------------------------------------------------------------------------------------
+def engine_dir() -> Path:
+    """Folder of the shipped engine cards."""
+    return scenarios_dir() / ENGINE_DIR
+
+
+def _lines() -> list[tuple[str, dict[str, Any]]]:
+    """Every shipped card as (file stem, raw dict), sorted by name."""
+    return [(p.stem, read_yaml(p)) for p in sorted(engine_dir().glob("*.yaml"))]
+
+
+def release_lines(kind: str | None = None) -> list[tuple[str, SpecifierSet]]:
+    """The shipped release lines (card name, the releases it covers) of one engine kind (None: all), oldest first."""
+    out = [
+        (name, SpecifierSet(raw["versions"]))
+        for name, raw in _lines()
+        if raw.get("versions") and (kind is None or raw.get("engine") == kind)
+    ]
+    return sorted(out, key=lambda item: (item[0].split("-")[0], _lowest(item[1])))
+
+
+def _lowest(spec: SpecifierSet) -> Version:
+    lows = [Version(s.version) for s in spec if s.operator in (">=", "==", "~=")]
+    return min(lows) if lows else Version("0")
+
+
+def known_lines() -> str:
+    """The lines in one phrase: ``vllm-0.5 (>=0.5,<0.8), ...`` plus the named cards without releases."""
+    lines = [f"{name} ({_spec_text(spec)})" for name, spec in release_lines()]
+    others = [name for name, raw in _lines() if not raw.get("versions")]
+    return ", ".join(lines + others)
+
+
+def _spec_text(spec: SpecifierSet) -> str:
+    return ",".join(sorted((str(s) for s in spec), key=lambda s: (not s.startswith(">"), s)))
+
+
+def parse_engine_name(text: str) -> tuple[str, str | None] | None:
+    """``(kind, version)`` of an engine as it prints itself (``vllm-0.9.2``, ``sglang 0.5.5.post1``,
+    ``TensorRT-LLM v1.2.0rc1``, ``vllm``: version None), or None when the name is no known engine."""
+    match = _NAME_VERSION.match(text)
+    if not match:
+        return None
+    kind = ENGINE_ALIASES.get(match.group(1).lower().rstrip("-_ "))
+    if kind is None:
+        return None
+    return kind, match.group(2)
+
+
+def resolve_engine(name: str) -> dict[str, Any]:
+    """The card (a raw dict) of an engine name: a shipped card's own name (``generic``, ``vllm-0.11``), or
+    ``NAME[-VERSION]`` resolved to its release line (module docstring), with ``version`` and ``note`` filled in.
+
+    Raises:
+        ScenarioError: one line naming the value and listing the known lines (an unknown name, a version that is
+            not PEP 440, or one newer than every line of its engine).
+    """
+    cards = dict(_lines())
+    if name.lower() in cards and not cards[name.lower()].get("versions"):
+        return engine_card(cards[name.lower()])
+    parsed = parse_engine_name(name)
+    if parsed is None:
+        raise ScenarioError(
+            f"engine: unknown engine {short_repr(name)}; expected vllm, sglang or trtllm with the version as the "
+            f"engine prints it (vllm-0.11.0, sglang-0.5.5.post1, trtllm-1.2.0rc1), or a card: {known_lines()}"
+        )
+    kind, text = parsed
+    lines = release_lines(kind)
+    if text is None:
+        line, note = lines[-1][0], f"{kind} without a version: the newest line, {lines[-1][0]}"
+        return {**cards[line], "version": "", "note": note}
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        raise ScenarioError(
+            f"engine: {short_repr(name)} has no version PEP 440 can read ({short_repr(text)}); expected e.g. "
+            f"{kind}-0.9.2 (known lines: {known_lines()})"
+        ) from None
+    for line, spec in lines:
+        if spec.contains(version, prereleases=True):
+            return {**cards[line], "version": text, "note": ""}
+    oldest, spec = lines[0]
+    if version < _lowest(spec):
+        note = f"{kind} {text} is older than every line; it runs on the oldest, {oldest} ({_spec_text(spec)})"
+        return {**cards[oldest], "version": text, "note": note}
+    raise ScenarioError(
+        f"engine: {short_repr(name)} is outside every {kind} release line (known lines: {known_lines()}); "
+        f"name the nearest line (e.g. engine={lines[-1][0]}) or give a card file of your own"
+    )
+
+
+def engine_card(value: str | dict[str, Any]) -> dict[str, Any]:
+    """An engine value as a full card dict: a name (:func:`resolve_engine`), or a dict (a card file of your own, a
+    profile's engine section, a resolved scenario.yaml's). A dict without ``tiers`` is the host costs of a line:
+    it is laid over the card its ``inherits`` key names, else the card its ``name`` resolves to (calibrate writes
+    ``engine-<line>.yaml`` this way), else the generic card.
+
+    Raises:
+        ScenarioError: as :func:`resolve_engine`.
+    """
+    if isinstance(value, str):
+        return resolve_engine(value)
+    if not isinstance(value, dict) or "tiers" in value:
+        return value
+    base = value.get("inherits") or value.get("name") or "generic"
+    try:
+        card = resolve_engine(str(base))
+    except ScenarioError:
+        if "inherits" in value:
+            raise
+        card = resolve_engine("generic")
+    merged = {**card, **{k: v for k, v in value.items() if k != "inherits"}}
+    return merged
