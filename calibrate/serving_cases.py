@@ -26,6 +26,7 @@ How each metric is computed from a simulation (the benchmark tools' definitions:
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -34,7 +35,9 @@ import pandas as pd
 from pydantic import Field, ValidationError
 
 from sim.config import ScenarioError, read_yaml, scenarios_dir
+from sim.config.cards import ModelSpec
 from sim.config.engine import resolve_engine
+from sim.config.loader import card_names, load_card
 from sim.config.files import format_validation_error
 from sim.config.spec import Spec
 
@@ -46,8 +49,10 @@ METRIC_GROUPS = {  # metric → the group the report's error figures are taken o
     "tpot_ms": "per_token", "itl_ms": "per_token", "decode_step_ms": "per_token", "ttft_ms": "ttft",
     "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput",
 }  # fmt: skip
+TAIL_GROUPS = {"tpot_ms": "per_token_tail", "itl_ms": "per_token_tail", "ttft_ms": "ttft_tail"}
 ALL_AT_ONCE_RATE_PER_S = 1e5  # requests sent at once: arrivals 10 µs apart on average
 SETS = ("fit", "check", "saturation")
+TAIL_STAT = re.compile(r"^(median|p99)_(tpot|ttft|itl)_ms$")  # extra statistics compared in the *_tail groups
 # ShareGPT's prompt and output lengths as bench_serving samples them: coefficients of variation of the lognormal
 # lengths the simulator draws (docs/sources.md §12.4).
 SHAREGPT_CV = (1.0, 1.0)
@@ -89,7 +94,7 @@ class Setup(_Strict):
     output_tokens: Annotated[int, Field(gt=0)]
     # The source's lengths vary uniformly within ± this share of the stated ones (a benchmark's random range); rebuilt
     # as the simulator's lognormal lengths with the same coefficient of variation, spread / √3. 0: fixed lengths.
-    length_spread: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    length_spread: Annotated[float, Field(ge=0, le=1)] = 0.0
     num_requests: Annotated[int, Field(gt=0, le=20_000)]
     load: Load
     # colocated: the engine prefills on the decode GPU (its card says whether chunks ride in decode steps);
@@ -123,6 +128,10 @@ class Measured(_Strict):
     output_throughput_tok_s: Annotated[float, Field(gt=0)] | None = None
     request_throughput_req_s: Annotated[float, Field(gt=0)] | None = None
     decode_step_ms: Annotated[float, Field(gt=0)] | None = None
+    # Every other statistic the source prints, by its own key (``median_tpot_ms``, ``p99_ttft_ms``,
+    # ``benchmark_duration_s``, ...): the median and p99 of TPOT, TTFT and ITL are compared too, in the ``*_tail``
+    # groups (TAIL_STAT); the rest are kept as published.
+    extra: dict[str, float] = {}
 
 
 class ServingCase(_Strict):
@@ -168,8 +177,8 @@ def load_serving_case(path: Path) -> ServingCase:
     except ValueError as exc:
         message = str(exc)
         raise ServingCaseError(message if str(path) in message else f"{path}: {message}") from None
-    if not any(getattr(case.measured, k) is not None for k in Measured.model_fields):
-        raise ServingCaseError(f"{path}: measured: no metric given; expected one of {list(Measured.model_fields)}")
+    if not any(getattr(case.measured, k) is not None for k in METRIC_GROUPS):
+        raise ServingCaseError(f"{path}: measured: no metric given; expected one of {list(METRIC_GROUPS)}")
     if case.setup.load.kind != "all_at_once" and case.setup.load.value is None:
         raise ServingCaseError(f"{path}: setup.load.value: missing for load kind {case.setup.load.kind!r}")
     try:
@@ -210,8 +219,12 @@ def case_overrides(case: ServingCase) -> list[str]:
     prompt_cv = output_cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
     if s.dataset == "sharegpt":
         prompt_cv, output_cv = SHAREGPT_CV
-    longest = s.input_tokens + s.output_tokens  # the context every request fits in (lognormal lengths: more)
-    longest = longest * (1 + 3 * max(prompt_cv, output_cv)) if prompt_cv or output_cv else longest
+    # The server's longest context: the model card's (the engine's max_model_len default), raised where the case's
+    # lengths need more (lognormal lengths: a generous tail).
+    longest = (s.input_tokens + s.output_tokens) * (1 + 10 * max(prompt_cv, output_cv))
+    card_longest = (
+        ModelSpec.model_validate(load_card("model", s.model)).max_seq_len if s.model in card_names("model") else 0
+    )
     out = [
         f"model={s.model}", f"hardware={s.hardware}", f"serving.tp_size={s.tp_size}", f"policies={s.policy}",
         f"model.dtype={s.weight_dtype}", f"model.kv_dtype={s.kv_dtype}", f"serving.prefill={s.prefill}",
@@ -219,7 +232,7 @@ def case_overrides(case: ServingCase) -> list[str]:
         f"workload.synthetic.num_requests={s.num_requests}", f"workload.synthetic.prompt_tokens_cv={prompt_cv!r}",
         f"workload.synthetic.prompt_tokens_mean={s.input_tokens}", f"workload.synthetic.output_tokens_cv={output_cv!r}",
         f"workload.synthetic.output_tokens_mean={s.output_tokens}", "run.progress=false",
-        f"model.max_seq_len={max(int(longest), 4096)}", f"engine={case.engine}",
+        f"model.max_seq_len={max(int(longest), card_longest, 4096)}", f"engine={case.engine}",
     ]  # fmt: skip
     if s.mixed_prefill is not None:
         out.append(f"serving.mixed_prefill={s.mixed_prefill}")
@@ -237,27 +250,44 @@ def case_overrides(case: ServingCase) -> list[str]:
     return [*out, *s.overrides]
 
 
-def simulated_metrics(case: ServingCase, result) -> dict[str, float]:
-    """The case's measured metrics computed from one simulated policy result (module docstring)."""
-    req, m = result.requests, case.measured
+def compared_metrics(case: ServingCase) -> list[tuple[str, str, Stat | float]]:
+    """What the case compares: ``(metric, group, published value)`` for each metric of :class:`Measured` it gives,
+    then the median and p99 TPOT, TTFT and ITL among its ``extra`` statistics (groups ``per_token_tail`` and
+    ``ttft_tail``)."""
+    m = case.measured
+    out: list[tuple[str, str, Stat | float]] = [
+        (key, METRIC_GROUPS[key], getattr(m, key)) for key in METRIC_GROUPS if getattr(m, key) is not None
+    ]
+    for name, value in m.extra.items():
+        match = TAIL_STAT.match(name)
+        if match:
+            key = f"{match.group(2)}_ms"
+            out.append((key, TAIL_GROUPS[key], Stat(value=value, stat=match.group(1))))
+    return out
+
+
+def simulated_metrics(case: ServingCase, result) -> list[float]:
+    """The values of :func:`compared_metrics` computed from one simulated policy result (module docstring), in order."""
+    req = result.requests
     done = req[np.isfinite(req["finish_s"])]
-    out: dict[str, float] = {}
-    for key, column in (("tpot_ms", "tpot_client_s"), ("ttft_ms", "ttft_client_s")):
-        stat = getattr(m, key)
-        if stat is not None:
-            out[key] = _stat(done[column].dropna().to_numpy(), None, stat.stat) * 1e3
-    if m.itl_ms is not None:
-        gaps, weights = _token_gaps(result.steps)
-        out["itl_ms"] = _stat(gaps, weights, m.itl_ms.stat) * 1e3
     duration_s = float(done["finish_s"].max() - req["arrival_s"].min()) if len(done) else math.nan
-    if m.output_throughput_tok_s is not None:
-        out["output_throughput_tok_s"] = float(done["output_tokens"].sum()) / duration_s
-    if m.request_throughput_req_s is not None:
-        out["request_throughput_req_s"] = len(done) / duration_s
-    if m.decode_step_ms is not None:
-        steps = result.steps[result.steps["phase"] == "decode"]
-        full = steps[steps["batch_size"] == int(case.setup.load.value or 0)]
-        out["decode_step_ms"] = float((full if len(full) else steps)["duration_s"].mean()) * 1e3
+    gaps = None
+    out: list[float] = []
+    for key, _, value in compared_metrics(case):
+        if key in ("tpot_ms", "ttft_ms"):
+            column = "tpot_client_s" if key == "tpot_ms" else "ttft_client_s"
+            out.append(_stat(done[column].dropna().to_numpy(), None, value.stat) * 1e3)
+        elif key == "itl_ms":
+            gaps = _token_gaps(result.steps) if gaps is None else gaps
+            out.append(_stat(*gaps, value.stat) * 1e3)
+        elif key == "output_throughput_tok_s":
+            out.append(float(done["output_tokens"].sum()) / duration_s)
+        elif key == "request_throughput_req_s":
+            out.append(len(done) / duration_s)
+        else:  # decode_step_ms
+            steps = result.steps[result.steps["phase"] == "decode"]
+            full = steps[steps["batch_size"] == int(case.setup.load.value or 0)]
+            out.append(float((full if len(full) else steps)["duration_s"].mean()) * 1e3)
     return out
 
 
@@ -294,9 +324,11 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
     from sim.metrics import rejected_by_reason
     from sim.run import simulate
 
-    measured = {k: getattr(case.measured, k) for k in Measured.model_fields if getattr(case.measured, k) is not None}
+    compared = compared_metrics(case)
     if case.not_modelled:
-        return [_row(case, key, value, math.nan, "not_modelled", case.not_modelled) for key, value in measured.items()]
+        return [
+            _row(case, key, group, value, math.nan, "not_modelled", case.not_modelled) for key, group, value in compared
+        ]
     scenario = load_scenario("default", [*case_overrides(case), *(overrides or [])])
     result = simulate(scenario).policies[scenario.policies[0]]
     rejected = rejected_by_reason(result.requests)
@@ -306,20 +338,20 @@ def run_serving_case(case: ServingCase, overrides: list[str] | None = None) -> l
             f"{case.name}: the simulated server refused requests ({why}; max_seq_len {scenario.model.max_seq_len}, "
             f"KV pool of {result.kv_pool_gib:.2f} GiB)"
         )
+    verdict = "by_construction" if case.by_construction else "compared"
     simulated = simulated_metrics(case, result)
-    rows = []
-    for key, value in measured.items():
-        verdict = "by_construction" if case.by_construction else "compared"
-        rows.append(_row(case, key, value, simulated[key], verdict, ""))
-    return rows
+    return [
+        _row(case, key, group, value, sim, verdict, "")
+        for (key, group, value), sim in zip(compared, simulated, strict=True)
+    ]
 
 
-def _row(case: ServingCase, key: str, value, simulated: float, verdict: str, note: str) -> dict:
+def _row(case: ServingCase, key: str, group: str, value, simulated: float, verdict: str, note: str) -> dict:
     stat = value.stat if isinstance(value, Stat) else ""
     measured = value.value if isinstance(value, Stat) else float(value)
     error = (simulated - measured) / measured * 100 if math.isfinite(simulated) else math.nan
     return {
-        "case": case.name, "set": case.set, "metric": key, "group": METRIC_GROUPS[key], "stat": stat,
+        "case": case.name, "set": case.set, "metric": key, "group": group, "stat": stat,
         "measured": measured,
         "simulated": simulated, "error_pct": error, "by_construction": case.by_construction, "verdict": verdict,
         "note": note,

@@ -121,7 +121,8 @@ def simulate_steps(profile: Profile, policy_name: str, workload: ValidationWorkl
         "name": f"validate-{policy_name}",
         "seed": seed,
         "model": profile.model.model_dump(),
-        "hardware": profile.hardware.model_dump(),
+        # the project's own engine keeps no HBM back beyond what it measured (calibrate/run.py writes 0)
+        "hardware": {**profile.hardware.model_dump(), "reserve_gib": profile.hardware.reserve_gib or 0.0},
         "profile": profile.model_dump(),
         "serving": {"prefill": "none"},
         "policies": [policy_name],

@@ -46,7 +46,7 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
     defaults = engine_defaults(engine, hardware.hbm_gib, hardware.name, tp, weight_gib, model.max_seq_len, str(usage))
     if "mixed_prefill" not in given.get("serving", set()) and serving.get("prefill", "colocated") == "colocated":
         serving["mixed_prefill"] = engine.mixed_prefill
-    if "reserve_gib" not in given.get("hardware", set()):
+    if raw["hardware"].get("reserve_gib") is None:  # unset (a shipped card) or null (a profile's dump)
         raw["hardware"]["reserve_gib"] = round(defaults.reserve_gib, 4)
     if engine.cuda_graph_max_batch is None:
         raw["engine"] = {**raw["engine"], "cuda_graph_max_batch": defaults.cuda_graph_max_batch}

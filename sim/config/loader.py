@@ -134,9 +134,9 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
 
 def _given_keys(raw: dict[str, Any]) -> dict[str, set[str]]:
     """The keys the scenario (its file, profile and ``--set`` overrides) sets itself, before presets and the engine's
-    defaults fill the rest: ``serving``, ``hardware`` and ``policy.<name>`` → key names."""
+    defaults fill the rest: ``serving`` and ``policy.<name>`` → key names."""
     out: dict[str, set[str]] = {}
-    for section in ("serving", "hardware"):
+    for section in ("serving",):
         value = raw.get(section)
         out[section] = set(value) if isinstance(value, dict) else set()
     policies = raw.get("policy")

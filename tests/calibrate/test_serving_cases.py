@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from calibrate import serving_cases as sc
-from sim.config import load_scenario
+from sim.config import EngineSpec, load_scenario
+from sim.config.loader import load_card
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +52,32 @@ def test_every_modelled_case_rebuilds_as_a_valid_scenario(suite):
         scn = load_scenario("default", sc.case_overrides(c))
         assert scn.model.name == c.setup.model and scn.serving.tp_size == c.setup.tp_size
         assert scn.workload.synthetic.num_requests == c.setup.num_requests
-        assert scn.serving.mixed_prefill == (c.setup.prefill == "mixed")
+        assert scn.engine.name == sc.engine_card(c.engine)  # the declared release's line
+        if c.setup.prefill == "colocated":
+            line = EngineSpec.model_validate(load_card("engine", c.engine))
+            wanted = line.mixed_prefill if c.setup.mixed_prefill is None else c.setup.mixed_prefill
+            assert scn.serving.mixed_prefill == wanted
+
+
+FLAGS = {  # a case's scheduler key → the launch flags that set it (vLLM, SGLang, TensorRT-LLM spellings)
+    "chunked_prefill_tokens": ("--chunked-prefill-size", "--max-num-batched-tokens", "--max_num_tokens"),
+    "max_running_requests": ("--max-running-requests", "--max-num-seqs", "--max_batch_size", "--max-batch-size"),
+    "mixed_prefill": ("--enable-mixed-chunk", "--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+}
+
+
+def test_a_case_sets_a_scheduler_knob_only_where_its_published_command_did(suite):
+    """The engine card gives the defaults; a case overrides one only with the flag its source quotes."""
+    for c in suite:
+        for key, flags in FLAGS.items():
+            if getattr(c.setup, key) is not None and c.setup.load.kind != "batch":
+                assert any(flag in c.source.quote for flag in flags), f"{c.name}: {key} without a quoted flag"
 
 
 def test_a_length_spread_becomes_lognormal_lengths_of_the_same_cv(suite):
     """A source's ±15 % random range is rebuilt with cv 0.15 / √3 (a uniform spread's); fixed lengths stay fixed."""
-    spread = [c for c in suite if c.setup.length_spread]
-    assert spread and all(c.name.startswith("vllmblog_") for c in spread)
+    spread = [c for c in suite if c.setup.length_spread and c.name.startswith("vllmblog_")]
+    assert spread
     scn = load_scenario("default", sc.case_overrides(spread[0]))
     assert scn.workload.synthetic.prompt_tokens_cv == pytest.approx(0.15 / np.sqrt(3))
     assert scn.workload.synthetic.output_tokens_cv == pytest.approx(0.15 / np.sqrt(3))
@@ -87,11 +107,15 @@ def test_a_case_whose_requests_are_refused_fails_loudly():
 
 
 def test_a_case_refused_for_its_kv_pool_names_the_pool_size():
-    """The refusal names the simulated GPU's KV pool (2.52 GiB: 22.5 GiB of HBM less weights and reserve)."""
+    """The refusal names the simulated GPU's KV pool: 13 GiB of HBM, vLLM 0.8 takes 90 % of it, less the weights and
+    its reserve (sim/config/engine.py KvMemory)."""
     (case,) = sc.load_suite(["vllmbench_h200_llama31_8b_fp8_vllm082_32000_100"])
-    setup = case.setup.model_copy(update={"num_requests": 2, "overrides": ["hardware.hbm_gib=22.5"]})
+    setup = case.setup.model_copy(update={"num_requests": 2, "overrides": ["hardware.hbm_gib=13"]})
     small = case.model_copy(update={"setup": setup})
-    with pytest.raises(sc.ServingCaseError, match=r"refused requests .*KV pool of 2\.52 GiB"):
+    scn = load_scenario("default", sc.case_overrides(small))
+    pool_gib = (scn.hardware.hbm_bytes - scn.hardware.reserve_bytes - scn.model.weight_bytes) / 2**30
+    assert 0 < pool_gib < 32100 * scn.model.kv_bytes_per_token / 2**30  # the 32K prompt cannot fit
+    with pytest.raises(sc.ServingCaseError, match=rf"refused requests .*KV pool of {pool_gib:.2f} GiB"):
         sc.run_serving_case(small)
 
 

@@ -14,13 +14,16 @@ from sim.config import load_scenario
 @pytest.mark.parametrize(
     ("engine", "card"),
     [
-        ("vllm 0.8.2 (uvx --with vllm==0.8.2)", "vllm-0.8"),
+        ("vllm-0.8.2", "vllm-0.8"),
         ("vllm 0.8.4", "vllm-0.8"),
-        ("vllm 0.11.2.dev358", "generic"),
-        ("vllm unknown (Aug 2024, vLLM 0.5.x)", "generic"),
-        ("trtllm v0.6.1", "trtllm"),
-        ("sglang 0.4.3.post4", "sglang"),
-        ("other: ShadowKV (research prototype)", "generic"),
+        ("vllm-0.11.2.dev358", "vllm-0.11"),
+        ("vllm-0.5", "vllm-0.5"),
+        ("vllm-0.4.2", "vllm-0.5"),  # older than every line: the oldest
+        ("trtllm-0.6.1", "trtllm-0.5"),
+        ("TensorRT-LLM v1.2.0rc1", "trtllm-1.0"),
+        ("sglang-0.4.3.post4", "sglang-0.4"),
+        ("sglang-0.5.5.post1", "sglang-0.5"),
+        ("generic", "generic"),
     ],
 )
 def test_a_cases_engine_string_names_its_engine_card(engine, card):
