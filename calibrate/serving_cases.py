@@ -37,8 +37,8 @@ from pydantic import Field, ValidationError
 from sim.config import ScenarioError, read_yaml, scenarios_dir
 from sim.config.cards import ModelSpec
 from sim.config.engine import resolve_engine
-from sim.config.loader import card_names, load_card
 from sim.config.files import format_validation_error
+from sim.config.loader import card_names, load_card
 from sim.config.spec import Spec
 
 SERVING_COLUMNS = [
