@@ -106,6 +106,26 @@ def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = N
     return table, notes
 
 
+def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str], str]:
+    """``overrides`` with the engine the file records (``engine=NAME-VERSION``, :attr:`MeasuredRun.engine`) added
+    when they set none, and a phrase saying where the engine came from (for the command's report line). An engine
+    the file names but no release line covers is left to the scenario, and the phrase says so."""
+    from sim.config import ScenarioError
+    from sim.config.engine import resolve_engine
+
+    if any(item.split("=", 1)[0].strip() == "engine" for item in overrides):
+        return overrides, "set by --set engine"
+    found = run.engine
+    if found is None:
+        return overrides, "the file names no engine: the scenario's"
+    try:
+        line = resolve_engine(found)
+    except ScenarioError:
+        return overrides, f"the file's {found} is outside every release line: the scenario's"
+    note = f"; {line['note']}" if line.get("note") else ""
+    return [f"engine={found}", *overrides], f"from the file: {found}{note}"
+
+
 def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -> Scenario:
     """The scenario a measured run is replayed on: ``scenario`` + ``overrides``, one policy, every table kept.
 

@@ -224,6 +224,7 @@ def _jsonl_trace(tmp_path: Path, *rows: tuple[int, int, int]) -> str:
 def test_recall_cache_larger_than_the_free_hbm_exits_2_naming_the_key_and_the_gib_left(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sim.run.simulate", _no_simulation)
     cache = ["policies=pulseinfer", "policy.pulseinfer.recall_cache=shared", "policy.pulseinfer.recall_cache_gib=101"]
+    cache.append("engine=sglang-0.4")  # its 12.5 GiB reserve on an H200 leaves 100.39 GiB
     assert main(_simulate(tmp_path, *_sets([*TINY, *cache]))) == EXIT_BAD_INPUT
     _assert_one_error_line(capsys.readouterr().err, "policy.pulseinfer.recall_cache_gib: 101 GiB", "100.39 GiB")
     assert not (tmp_path / "out").exists()

@@ -308,7 +308,7 @@ def _run_from_measured(args: argparse.Namespace) -> int:
     """``calibrate --from-measured FILE ... [SCENARIO]``: fit, hold out, write the profile (or refuse)."""
     import yaml
 
-    from calibrate.measured import measured_scenario
+    from calibrate.measured import engine_overrides, measured_scenario
     from calibrate.measured_fit import FITTED, MAX_HELD_OUT_ERROR_PCT, fit_measured
     from sim.config.loader import resolve_scenario_path
     from traces.measured import read_measured
@@ -334,7 +334,12 @@ def _run_from_measured(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with usage_errors():
         runs = [read_measured(item) for item in items]
-        scn = measured_scenario(scenario, args.overrides, args.policy)
+        if len({r.engine for r in runs}) == 1:
+            overrides, engine_note = engine_overrides(runs[0], args.overrides)
+        else:
+            overrides, engine_note = args.overrides, "the files name different engines: the scenario's"
+        scn = measured_scenario(scenario, overrides, args.policy)
+    print(f"engine: {scn.engine.name} ({engine_note})")
     with Bar(args.fit_trials, "fit", "trial") as bar:
 
         def on_trial(i: int, best: float) -> None:

@@ -146,7 +146,13 @@ def _write(out: Path, table, steps) -> None:
 
 def _run_measured(args: argparse.Namespace) -> int:
     """``validate --measured FILE``: replay a real server's benchmark run in the simulator and compare."""
-    from calibrate.measured import measured_from_result, measured_scenario, simulate_measured, validation_table
+    from calibrate.measured import (
+        engine_overrides,
+        measured_from_result,
+        measured_scenario,
+        simulate_measured,
+        validation_table,
+    )
     from traces.measured import read_measured
 
     if args.measured.is_dir():
@@ -160,7 +166,8 @@ def _run_measured(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with usage_errors():  # a file that is not what it claims, a bad override, a model that does not fit: one line
         run = read_measured(args.measured, args.measured_format)
-        scenario = measured_scenario(args.scenario, args.overrides, policy)
+        overrides, engine_note = engine_overrides(run, args.overrides)
+        scenario = measured_scenario(args.scenario, overrides, policy)
         result, workload, notes = simulate_measured(run, scenario, args.seed)
     simulated = measured_from_result(result, workload)
     table = validation_table(run, simulated)
@@ -174,8 +181,8 @@ def _run_measured(args: argparse.Namespace) -> int:
     m, hw = scenario.model, scenario.hardware
     print(
         f"\n{args.measured.name} ({run.tool}, {len(run.requests)} requests, load {run.load}) replayed on {m.name} / "
-        f"{hw.name} x{scenario.serving.tp_size}, prefill {scenario.serving.prefill}, policy {policy}: "
-        f"{time.perf_counter() - started:.1f} s"
+        f"{hw.name} x{scenario.serving.tp_size}, prefill {scenario.serving.prefill}, policy {policy}, engine "
+        f"{scenario.engine.name} ({engine_note}): {time.perf_counter() - started:.1f} s"
     )
     for note in notes:
         print(f"note: {note}")

@@ -2,7 +2,8 @@
 
 A scenario names its engine as the engine prints itself (``engine: vllm-0.11.0``, ``sglang-0.5.5.post1``,
 ``trtllm-1.2.0rc1``) or by name alone (``engine: vllm``: the newest line). :func:`resolve_engine` finds the card of
-the release line whose ``versions`` (a PEP 440 specifier set, pre- and post-releases included) covers the version;
+the release line whose ``versions`` (a PEP 440 specifier set) covers the version's release (a pre-, post- or dev
+release belongs to the line of its release number: ``0.11.0rc2`` and ``0.11.2.dev358`` to the 0.11 line);
 a version older than every line runs on the oldest line, with a ``note``; an unknown name, or a version newer than
 every line, is refused in one line that lists the lines.
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -45,7 +45,6 @@ from sim.config.files import ScenarioError, read_yaml, scenarios_dir, short_repr
 from sim.config.spec import NonNeg, PositiveFloat, PositiveInt, Spec
 
 ENGINE_DIR = "engines"
-ENGINE_KINDS = ("vllm", "sglang", "trtllm")
 # How engines spell their own name in the files benchmark clients write (bench_serving's backend, vLLM's metadata).
 ENGINE_ALIASES = {
     "vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm",
@@ -198,7 +197,7 @@ class EngineSpec(Spec):
         return self.step_serial_us_on(hardware) * 1e-6
 
     def request_serial_s(self, hardware) -> float:
-        """Serial host seconds per request per decode step (:meth:`request_serial_us_on`)."""
+        """Serial host seconds per request per decode step."""
         return self.request_serial_us_on(hardware) * 1e-6
 
 
@@ -253,14 +252,9 @@ def engine_defaults(
 
 
 # ---- release lines ------------------------------------------------------------------------------------------------
-def engine_dir() -> Path:
-    """Folder of the shipped engine cards."""
-    return scenarios_dir() / ENGINE_DIR
-
-
 def _lines() -> list[tuple[str, dict[str, Any]]]:
-    """Every shipped card as (file stem, raw dict), sorted by name."""
-    return [(p.stem, read_yaml(p)) for p in sorted(engine_dir().glob("*.yaml"))]
+    """Every shipped card (``scenarios/engines/``) as (file stem, raw dict), sorted by name."""
+    return [(p.stem, read_yaml(p)) for p in sorted((scenarios_dir() / ENGINE_DIR).glob("*.yaml"))]
 
 
 def release_lines(kind: str | None = None) -> list[tuple[str, SpecifierSet]]:
@@ -330,11 +324,12 @@ def resolve_engine(name: str) -> dict[str, Any]:
             f"engine: {short_repr(name)} has no version PEP 440 can read ({short_repr(text)}); expected e.g. "
             f"{kind}-0.9.2 (known lines: {known_lines()})"
         ) from None
+    release = Version(version.base_version)  # 0.11.0rc2 and 0.11.2.dev358 belong to the 0.11 line
     for line, spec in lines:
-        if spec.contains(version, prereleases=True):
+        if spec.contains(release, prereleases=True):
             return {**cards[line], "version": text, "note": ""}
     oldest, spec = lines[0]
-    if version < _lowest(spec):
+    if release < _lowest(spec):
         note = f"{kind} {text} is older than every line; it runs on the oldest, {oldest} ({_spec_text(spec)})"
         return {**cards[oldest], "version": text, "note": note}
     raise ScenarioError(

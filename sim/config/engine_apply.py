@@ -38,7 +38,9 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
         hardware = HardwareSpec.model_validate({"reserve_gib": 0.0, **raw.get("hardware")})
         model = ModelSpec.model_validate(raw.get("model"))
         serving = raw.setdefault("serving", {})
-        tp = int(serving.get("tp_size", 1))
+        tp = serving.get("tp_size", 1)
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            return  # validation names serving.tp_size
         weight_gib = shard_model(model, tp).weight_bytes / GIB
     except (ValidationError, ValueError, TypeError, AttributeError):
         return

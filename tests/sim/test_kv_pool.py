@@ -16,7 +16,10 @@ def _model(name: str) -> ModelSpec:
 
 
 def _hardware(name: str) -> HardwareSpec:
-    return HardwareSpec.model_validate(load_card("hardware", name))
+    """The card with SGLang 0.4's reserve ((c + tp/2) GB, the rule these worked examples use) filled in."""
+    from sim.config import load_scenario
+
+    return load_scenario("default", [f"hardware={name}", "engine=sglang-0.4"]).hardware
 
 
 def test_allocate_over_capacity_returns_false_and_takes_nothing():

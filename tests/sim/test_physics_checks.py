@@ -42,7 +42,7 @@ LONG = [
     "run.progress=false",
     "run.debug_checks=true",
 ]
-SHARED = ["policies=pulseinfer", "policy.pulseinfer.recall_cache=shared"]
+SHARED = ["policies=pulseinfer", "policy.pulseinfer.recall_cache=shared", "engine=sglang-0.4"]  # 12.5 GiB reserve
 
 
 def _scenario(*overrides: str):

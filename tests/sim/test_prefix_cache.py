@@ -170,7 +170,9 @@ def test_replica_charges_a_reload_in_the_prefill_forward():
     pool_tokens = 2000  # room for one request at a time
     hw = scn.hardware
     gib = (pool_tokens * scn.model.kv_bytes_per_token + scn.model.weight_bytes) / 2**30 + hw.reserve_gib
-    scn = _colocated(3, "policies=sglang,sglang_hicache", f"hardware.hbm_gib={gib}")
+    scn = _colocated(
+        3, "policies=sglang,sglang_hicache", f"hardware.hbm_gib={gib}", f"hardware.reserve_gib={hw.reserve_gib}"
+    )
     plain, hicache = (simulate_policy(scn, df, p).steps for p in ("sglang", "sglang_hicache"))
     last = {k: s[s["phase"] == "prefill"].iloc[-1] for k, s in (("plain", plain), ("hicache", hicache))}
     assert last["plain"]["prefill_tokens"] == 1600 and last["hicache"]["prefill_tokens"] == 1600 - 1536

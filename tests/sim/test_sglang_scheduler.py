@@ -86,7 +86,8 @@ def _pressure(*overrides: str):
             "workload.time_scale=1", "workload.synthetic.num_requests=20", "workload.synthetic.rate_per_s=50",
             "workload.synthetic.prompt_tokens_mean=6000", "workload.synthetic.output_tokens_mean=2000",
             "workload.synthetic.prompt_tokens_cv=0", "workload.synthetic.output_tokens_cv=0",
-            "hardware.hbm_gib=50", "policy.sglang.decode_scheduler=prefill_adder", *overrides,
+            "hardware.hbm_gib=50", "hardware.reserve_gib=12.5", "policy.sglang.decode_scheduler=prefill_adder",
+            *overrides,
         ],
     )  # fmt: skip
 

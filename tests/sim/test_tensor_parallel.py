@@ -62,11 +62,15 @@ def test_llama70b_tp4_h100_decode_layer_by_hand():
 
 
 def test_llama70b_tp4_h100_kv_pool_per_gpu_by_hand():
-    m, hw, tp = _model("llama-3.1-70b"), _card("h100-sxm"), 4
+    m, tp = _model("llama-3.1-70b"), 4
+    scn = load_scenario(
+        "default", ["model=llama-3.1-70b", "hardware=h100-sxm", "serving.tp_size=4", "engine=sglang-0.4"]
+    )
+    hw = scn.hardware
     weights_per_gpu = (
         80 * (2 * 8192 * 16 * 128 + 2 * 8192 * 2 * 128 + 3 * 8192 * 7168) + 2 * 8192 * (128256 // tp)
     ) * 2
-    reserve = (10.0 + 0.5 * 3) * GIB  # SGLang (9.5 + tp/2) GB, as the card's 10 GiB at tp 1 grows
+    reserve = (9.5 + 0.5 * tp) * GIB  # SGLang 0.4's (9.5 + tp/2) GB per GPU
     kv_per_token = 2 * 2 * 128 * 2 * 80  # two KV heads per GPU
     expected = (int(hw.hbm_gib * GIB) - int(reserve) - weights_per_gpu) // kv_per_token
     assert device_pool_blocks(shard_model(m, tp), per_gpu_hardware(hw, tp), 1) == expected
