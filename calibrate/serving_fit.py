@@ -51,6 +51,12 @@ ENGINE_FIT_PARAMETERS: dict[str, dict[str, tuple[float, float, bool]]] = {
         "request_serial_us": (0.1, 300.0, True),  # per request in the engine core's loop
         "request_overlapped_us": (0.1, 1000.0, True),  # detokenising and streaming in the API server
     },
+    # vLLM 0.11 and later (V1 with full CUDA graphs): the engine core's serial step and per-request work; its fit
+    # cases run at low concurrency, which cannot tell an overlapped per-request cost from none, so none is fitted.
+    "vllm-0.11": {
+        "step_serial_us": (20.0, 20000.0, True),
+        "request_serial_us": (0.1, 300.0, True),
+    },
     # TensorRT-LLM: a C++ runtime (0.x) or, from 1.0, the PyTorch backend with its overlap scheduler (the host
     # prepares step n + 1 while the GPU runs step n) and CUDA graphs: its host path is its own, not a Python server's;
     # one pair of costs per release line.
@@ -170,32 +176,40 @@ def fit_serving(
     jobs: int = 1,
     on_trial: Callable[[int, float], None] | None = None,
     start: dict[str, float] | None = None,
+    only: list[str] | None = None,
 ) -> FitResult:
     """Fit :data:`PARAMETERS` (the card's and the engines') to the fit set (module docstring); deterministic for a
     seed and ``jobs``.
 
-    ``start``: values tried first (e.g. :func:`shipped_start`), within the bounds.
+    ``start``: values tried first (e.g. :func:`shipped_start`), within the bounds. ``only``: the names to fit; the
+    others stay at their ``start`` values (required then), e.g. the engines' host costs alone on the shipped cards.
 
     Raises:
         ServingCaseError: a bad case file.
+        ValueError: ``only`` without ``start``, or naming a parameter :data:`PARAMETERS` lacks.
     """
+    free = dict(PARAMETERS) if only is None else {name: PARAMETERS[name] for name in only if name in PARAMETERS}
+    if only is not None and (start is None or len(free) != len(only)):
+        raise ValueError(f"only: needs start values and names among {sorted(PARAMETERS)}, got {only}")
+    fixed = {k: v for k, v in (start or {}).items() if k not in free}
     cases = [c for c in load_suite(sets=("fit",)) if not c.not_modelled]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(20, trials))
     study = optuna.create_study(direction="minimize", sampler=sampler)
     if start:
-        study.enqueue_trial(start)
+        study.enqueue_trial({k: v for k, v in start.items() if k in free})
     history: list[float] = []
     with WorkerPool(jobs) if jobs > 1 else _NoPool() as pool:
         for i in range(trials):
             trial = study.ask()
-            params = {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in PARAMETERS.items()}
+            params = {name: trial.suggest_float(name, lo, hi, log=log) for name, (lo, hi, log) in free.items()}
+            params.update(fixed)
             loss, _ = evaluate(cases, params, pool if jobs > 1 else None)
             study.tell(trial, loss)
             history.append(study.best_value)
             if on_trial is not None:
                 on_trial(i, study.best_value)
-    return FitResult(dict(study.best_params), study.best_value, trials, history)
+    return FitResult({**dict(study.best_params), **fixed}, study.best_value, trials, history)
 
 
 class _NoPool:

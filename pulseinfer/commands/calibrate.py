@@ -95,6 +95,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     srv.add_argument("--trials", type=int, default=200, help="Optuna trials")
     srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases")
     srv.add_argument(
+        "--engines-only",
+        action="store_true",
+        help="fit the engine lines' host costs alone, the cards' compute values kept as shipped",
+    )
+    srv.add_argument(
         "--seed", type=int, default=argparse.SUPPRESS, help="the search's seed (default: calibrate's --seed, 0)"
     )
     return p
@@ -241,7 +246,15 @@ def _run_serving(args: argparse.Namespace) -> int:
     import yaml
 
     from calibrate.serving_cases import load_suite, suite_report, suite_table
-    from calibrate.serving_fit import PARAMETERS, card_params, engine_params, fit_serving, shipped_start, suite_rows
+    from calibrate.serving_fit import (
+        ENGINE_PREFIX,
+        PARAMETERS,
+        card_params,
+        engine_params,
+        fit_serving,
+        shipped_start,
+        suite_rows,
+    )
     from sim.config.loader import load_card
 
     for flag, value in (("--trials", args.trials), ("--jobs", args.jobs)):
@@ -257,7 +270,8 @@ def _run_serving(args: argparse.Namespace) -> int:
                 bar.note(f"best loss {best:.4f}")
                 bar.advance()
 
-            result = fit_serving(args.trials, args.seed, args.jobs, on_trial, shipped_start())
+            only = [k for k in PARAMETERS if k.startswith(ENGINE_PREFIX)] if args.engines_only else None
+            result = fit_serving(args.trials, args.seed, args.jobs, on_trial, shipped_start(), only)
         params = {k: float(f"{v:.4g}") for k, v in result.params.items()}
         rows = suite_rows(params, args.jobs)
         cases = load_suite()
@@ -270,6 +284,7 @@ def _run_serving(args: argparse.Namespace) -> int:
             "bounds": {k: [lo, hi] for k, (lo, hi, _) in PARAMETERS.items()},
             "loss": float(result.loss),
             "trials": args.trials,
+            "fitted": "the engines' host costs (the cards' compute values as shipped)" if args.engines_only else "all",
             "seed": args.seed,
             "fit_cases": sorted(c.name for c in cases if c.set == "fit" and not c.not_modelled),
             "date": time.strftime("%Y-%m-%d"),
