@@ -25,6 +25,7 @@ How each metric is computed from a simulation (the benchmark tools' definitions:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -53,9 +54,19 @@ TAIL_GROUPS = {"tpot_ms": "per_token_tail", "itl_ms": "per_token_tail", "ttft_ms
 ALL_AT_ONCE_RATE_PER_S = 1e5  # requests sent at once: arrivals 10 µs apart on average
 SETS = ("fit", "check", "saturation")
 TAIL_STAT = re.compile(r"^(median|p99)_(tpot|ttft|itl)_ms$")  # extra statistics compared in the *_tail groups
-# ShareGPT's prompt and output lengths as bench_serving samples them: coefficients of variation of the lognormal
-# lengths the simulator draws (docs/sources.md §12.4).
-SHAREGPT_CV = (1.0, 1.0)
+# ShareGPT's length spread has no published figure (docs/sources.md §12.3): the proxy is a real chat service's, the
+# shipped Azure LLM inference conversation trace (2023), whose coefficients of variation the lognormal lengths take.
+SHAREGPT_PROXY_TRACE = "azure_conv_2023"
+
+
+@functools.lru_cache(maxsize=1)
+def sharegpt_cv() -> tuple[float, float]:
+    """(prompt, output) coefficients of variation of the ShareGPT proxy trace's lengths (population std / mean)."""
+    from traces.registry import DATA_DIR, SHIPPED_TRACES
+
+    table = pd.read_csv(DATA_DIR / SHIPPED_TRACES[SHAREGPT_PROXY_TRACE])
+    prompt, output = table["ContextTokens"].to_numpy(float), table["GeneratedTokens"].to_numpy(float)
+    return float(prompt.std() / prompt.mean()), float(output.std() / output.mean())
 
 
 class ServingCaseError(ValueError):
@@ -101,7 +112,7 @@ class Setup(_Strict):
     # disaggregated: remote prefill; none: prompts cached (static-batch decode)
     prefill: Literal["colocated", "disaggregated", "none"] = "colocated"
     # The prompt and output length distribution: ``random`` (the stated lengths, ± length_spread) or ``sharegpt``
-    # (bench_serving's ShareGPT sample: lognormal lengths with the stated means and ShareGPT's spread, SHAREGPT_CV).
+    # (bench_serving's ShareGPT sample: lognormal lengths with the stated means and a chat trace's spread, sharegpt_cv).
     dataset: Literal["random", "sharegpt"] = "random"
     # Scheduler flags only where the published launch command set them (the engine card gives the rest):
     # --chunked-prefill-size / --max-num-batched-tokens, --max-running-requests / --max-num-seqs,
@@ -218,7 +229,7 @@ def case_overrides(case: ServingCase) -> list[str]:
     s, load = case.setup, case.setup.load
     prompt_cv = output_cv = 0 if not s.length_spread else s.length_spread / math.sqrt(3)  # a uniform spread's cv
     if s.dataset == "sharegpt":
-        prompt_cv, output_cv = SHAREGPT_CV
+        prompt_cv, output_cv = sharegpt_cv()
     # The server's longest context: the model card's (the engine's max_model_len default), raised where the case's
     # lengths need more (lognormal lengths: a generous tail).
     longest = (s.input_tokens + s.output_tokens) * (1 + 10 * max(prompt_cv, output_cv))

@@ -45,14 +45,15 @@ def validation_steps(steps: pd.DataFrame) -> Figure:
     return fig
 
 
-SET_COLORS = {"fit": "tab:blue", "check": "tab:orange"}
+SET_COLORS = {"fit": "tab:blue", "check": "tab:orange", "saturation": "tab:red"}
 METRIC_MARKERS = {"per_token": "o", "ttft": "s", "throughput": "^"}
 
 
 def serving_scatter(rows: pd.DataFrame, band_pct: float = 10.0) -> Figure:
     """The serving suite, simulated against measured on log-log axes, one panel per metric group (per-token time,
-    TTFT, throughput): fit and check sets coloured, the diagonal and a ±``band_pct`` % band shaded. Rows not
-    compared (not modelled, by construction) are left out.
+    TTFT, throughput): fit, check and saturation sets coloured, the diagonal and a ±``band_pct`` % band shaded. Rows
+    not compared (not modelled, by construction, cache hits) and the medians and p99s of the ``*_tail`` groups are
+    left out.
 
     Args:
         rows: serving.csv of `pulseinfer cases` (calibrate/serving_cases.py ``SERVING_COLUMNS``): case, set, metric,

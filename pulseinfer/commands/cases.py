@@ -18,9 +18,10 @@ point, or a closed-form link figure). Verdict: within / outside the tolerance, o
 reason when this build lacks what the case needs. Sources: docs/sources.md §9.
 OUT/cases.csv: case, source, metric, published, simulated, error_pct, tolerance_pct, verdict, note.
 
-The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11) is ~40 public real-GPU serving
+The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11-12) is ~55 public real-GPU serving
 benchmarks (vLLM, SGLang, TensorRT-LLM; TPOT or ITL with its statistic, TTFT, throughput), each rebuilt as a
-scenario and split once into a fit set and a check set. OUT/serving.csv: case, set, metric, stat, measured,
+scenario on its declared engine release and split once into a fit set and a check set, plus a saturation set
+(all at once or closed loop, never fitted). OUT/serving.csv: case, set, metric, stat, measured,
 simulated, error_pct, by_construction, verdict, note; OUT/serving_report.csv: per set and metric group the MAPE,
 the mean signed error and the worst case; OUT/plots/serving_scatter.png: simulated vs measured, log-log.
 """

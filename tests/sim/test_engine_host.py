@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim import load_scenario
-from sim.config import DEFAULT_ENGINE, EngineSpec, ScenarioError
+from sim.config import DEFAULT_ENGINE, EngineSpec, ScenarioError, scenarios_dir
 from sim.config.loader import card_names
 from sim.run import simulate
 from sim.step.compute import ComputeModel
@@ -27,13 +27,16 @@ SHORT = [
 # ---- engine cards -------------------------------------------------------------------------------
 
 
-def test_every_shipped_engine_card_loads_and_todays_names_still_work():
+def test_every_shipped_engine_card_loads_and_todays_names_still_work(tmp_path):
     names = card_names("engine")
     assert {"vllm-0.8", "generic", "sglang-0.5", "trtllm-1.0"} <= set(names)
     for name in names:
         assert load_scenario("default", [f"engine={name}"]).engine.name == name
-    default = load_scenario("default").engine
-    assert default.name == "sglang-0.5" and default != DEFAULT_ENGINE  # the newest SGLang line, not the bare schema
+    assert load_scenario("default").engine.name == "sglang-0.4"  # the shipped scenario names the line it was run on
+    text = (scenarios_dir() / "default.yaml").read_text()
+    (tmp_path / "bare.yaml").write_text("\n".join(line for line in text.splitlines() if not line.startswith("engine:")))
+    bare = load_scenario(tmp_path / "bare.yaml").engine
+    assert bare.name == "sglang-0.5" and bare != DEFAULT_ENGINE  # no engine key: the newest SGLang line
     for old, line in [
         ("sglang", "sglang-0.5"),
         ("trtllm", "trtllm-1.0"),
