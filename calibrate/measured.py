@@ -108,8 +108,8 @@ def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = N
 
 def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str], str]:
     """``overrides`` with the engine the file records (``engine=NAME-VERSION``, :attr:`MeasuredRun.engine`) added
-    when they set none, and a phrase saying where the engine came from (for the command's report line). An engine
-    the file names but no release line covers is left to the scenario, and the phrase says so."""
+    when they set none, and a phrase saying where the engine came from (for the command's report line). A release
+    newer than every line of its engine runs on that engine's newest line, and the phrase says so."""
     from sim.config import ScenarioError
     from sim.config.engine import resolve_engine
 
@@ -120,8 +120,10 @@ def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str],
         return overrides, "the file names no engine: the scenario's"
     try:
         line = resolve_engine(found)
-    except ScenarioError:
-        return overrides, f"the file's {found} is outside every release line: the scenario's"
+    except ScenarioError:  # a release newer than every line: the newest line of that engine, said so
+        kind = found.split("-", 1)[0]
+        newest = resolve_engine(kind)["name"]
+        return [f"engine={kind}", *overrides], f"from the file: {found}, newer than every line: the newest, {newest}"
     note = f"; {line['note']}" if line.get("note") else ""
     return [f"engine={found}", *overrides], f"from the file: {found}{note}"
 

@@ -43,8 +43,8 @@ from sim.config.loader import card_names, load_card
 from sim.config.spec import Spec
 
 SERVING_COLUMNS = [
-    "case", "set", "metric", "group", "stat", "measured", "simulated", "error_pct", "by_construction", "verdict",
-    "note",
+    "case", "set", "engine", "metric", "group", "stat", "measured", "simulated", "error_pct", "by_construction",
+    "verdict", "note",
 ]  # fmt: skip
 METRIC_GROUPS = {  # metric → the group the report's error figures are taken over
     "tpot_ms": "per_token", "itl_ms": "per_token", "decode_step_ms": "per_token", "ttft_ms": "ttft",
@@ -391,7 +391,8 @@ def _row(case: ServingCase, key: str, group: str, value, simulated: float, verdi
     measured = value.value if isinstance(value, Stat) else float(value)
     error = (simulated - measured) / measured * 100 if math.isfinite(simulated) else math.nan
     return {
-        "case": case.name, "set": case.set, "metric": key, "group": group, "stat": stat,
+        "case": case.name, "set": case.set, "engine": engine_card(case.engine), "metric": key, "group": group,
+        "stat": stat,
         "measured": measured,
         "simulated": simulated, "error_pct": error, "by_construction": case.by_construction, "verdict": verdict,
         "note": note,

@@ -21,9 +21,10 @@ OUT/cases.csv: case, source, metric, published, simulated, error_pct, tolerance_
 The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11-12) is ~55 public real-GPU serving
 benchmarks (vLLM, SGLang, TensorRT-LLM; TPOT or ITL with its statistic, TTFT, throughput), each rebuilt as a
 scenario on its declared engine release and split once into a fit set and a check set, plus a saturation set
-(all at once or closed loop, never fitted). OUT/serving.csv: case, set, metric, stat, measured,
-simulated, error_pct, by_construction, verdict, note; OUT/serving_report.csv: per set and metric group the MAPE,
-the mean signed error and the worst case; OUT/plots/serving_scatter.png: simulated vs measured, log-log.
+(all at once or closed loop, never fitted). OUT/serving.csv: case, set, engine (the release line it ran on),
+metric, stat, measured, simulated, error_pct, by_construction, verdict, note; OUT/serving_report.csv: per set and
+metric group the MAPE, the mean signed error and the worst case; OUT/plots/serving_scatter.png: simulated vs
+measured, log-log.
 """
 
 
@@ -103,7 +104,11 @@ def _run_serving(args: argparse.Namespace, only: list[str] | None) -> None:
         shown[col] = shown[col].map(lambda v: "-" if v != v else f"{v:.4g}")
     shown["error_pct"] = shown["error_pct"].map(lambda v: "-" if v != v else f"{v:+.1f}")
     print(shown.to_string(index=False))
-    print("\nper set and metric group (not modelled and by-construction rows left out):")
+    print(
+        "\nper set and metric group (not modelled, by-construction and cache-hit rows left out; fit: the cases the "
+        "compute model was fitted on, check: never fitted, saturation: never fitted, all at once or a closed loop; "
+        "*_tail: medians and p99s):"
+    )
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     try:
         from plots.validation import serving_scatter

@@ -106,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
     noun = "request" if n == 1 else "requests"
     serving = scenario.serving
     where = f"{serving.replicas} replicas x TP{serving.tp_size} behind {serving.router}" if fleet else "one replica"
-    print(
-        f"\n{scenario.name}: {scenario.model.name} on {scenario.hardware.name} ({where}), {n} {noun}, "
-        f"seed {scenario.seed}"
-    )
+    engine = scenario.engine
+    release = f" {engine.version}" if engine.version else ""
+    head = f"{scenario.name}: {scenario.model.name} on {scenario.hardware.name} ({where})"
+    print(f"\n{head}, engine {engine.name}{release}, {n} {noun}, seed {scenario.seed}")
+    if engine.note:
+        print(f"  engine: {engine.note}")
     for note in trace_notes(result.workload):
         print(f"  workload: {note}")
     print(format_summary(with_ratios(result.summary)))

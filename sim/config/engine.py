@@ -7,24 +7,13 @@ release belongs to the line of its release number: ``0.11.0rc2`` and ``0.11.2.de
 a version older than every line runs on the oldest line, with a ``note``; an unknown name, or a version newer than
 every line, is refused in one line that lists the lines.
 
-A card states what decides serving at saturation, each from the engine's source at the release it was read from
-(docs/sources.md §12 gives file and line; docs/engine_releases.md the notes):
-
-* the step: whether prefill chunks ride in decode steps (``mixed_prefill``; a mixed step fills its token budget with
-  the running requests' decode tokens first, then prefill chunks; otherwise a prefill forward runs first whenever
-  one can be formed and decode waits);
-* per GPU (:class:`GpuTier`, first match by the GPU's memory and name): the token budget (vLLM
-  ``max_num_batched_tokens``; SGLang ``chunked_prefill_size``), its offline value (vLLM's ``LLM`` class), the
-  running-request cap and the largest CUDA-graph decode batch;
-* the KV pool (:class:`KvMemory`): the share of HBM the engine takes and what it keeps back for activations, CUDA
-  graphs and the CUDA context, given TP and the token budget; the dense pool's block (page) size;
-* admission and pre-emption: how much of each running request's remaining output the scheduler reserves before it
-  admits another (``new_token_ratio_*``: SGLang's decaying estimate, vLLM's none, TensorRT-LLM's
-  GUARANTEED_NO_EVICT all), whether a pre-empted request is recomputed or swapped, and which request is pre-empted;
-* prefix caching on or off by default;
-* the CUDA-graph batch sizes a decode batch is padded to (``cuda_graph_sizes``);
-* the host costs of a decode step (serial and overlapped with the GPU), fitted per line where the serving suite
-  has cases of it (docs/sources.md §11), else the hardware card's fitted catch-all.
+A card states, from the engine's source at the release it was read from (docs/sources.md §12, file and line):
+the step (``mixed_prefill``: prefill chunks ride in decode steps, after the running decodes; otherwise a prefill
+forward runs first whenever one can be formed), per GPU (:class:`GpuTier`) the token budget, running cap and largest
+CUDA-graph batch, the KV pool (:class:`KvMemory`) and page size, the admission reserve (``new_token_ratio_*``:
+SGLang's decaying estimate, vLLM's none, TensorRT-LLM's all), pre-emption and its victim, prefix caching, the
+CUDA-graph sizes a decode batch is padded to, and the host costs of a step (fitted per line where the serving suite
+has cases of it, docs/sources.md §11; else the hardware card's catch-all).
 
 :func:`engine_defaults` evaluates a card for one GPU, TP and usage context: the numbers the loader writes into the
 scenario's ``serving``, ``policy`` and ``hardware`` sections wherever the scenario does not set them itself
@@ -44,13 +33,16 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.files import ScenarioError, read_yaml, scenarios_dir, short_repr
 from sim.config.spec import NonNeg, PositiveFloat, PositiveInt, Spec
 
-ENGINE_DIR = "engines"
+ENGINE_DIR = "engines"  # under scenarios/
 # How engines spell their own name in the files benchmark clients write (bench_serving's backend, vLLM's metadata).
 ENGINE_ALIASES = {
     "vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm",
     "trt-llm": "trtllm", "tensorrtllm": "trtllm",
 }  # fmt: skip
-_NAME_VERSION = re.compile(r"^\s*([a-z_-]*?[a-z])(?:[-_ ]+v?|(?=\d))?(\d[0-9a-z.+!-]*)?\s*$", re.IGNORECASE)
+# NAME, or NAME and a version after a separator (``vllm-0.9.2``, ``vllm 0.9.2``, ``TensorRT-LLM v1.2.0rc1``)
+_NAME_VERSION = re.compile(
+    r"^\s*([a-z](?:[a-z_-]*[a-z])?)(?:(?:[-_ ]+v?|v?(?=\d))(\d[0-9a-z.+!-]*))?\s*$", re.IGNORECASE
+)
 
 
 class GpuTier(Spec):
@@ -60,8 +52,8 @@ class GpuTier(Spec):
 
     below_hbm_gib: PositiveFloat | None = None
     name_contains: str | None = None
-    # Tokens one forward carries: vLLM max_num_batched_tokens, SGLang chunked_prefill_size, TensorRT-LLM
-    # max_num_tokens; ``max_seq_len``: the model's longest context (vLLM V0 without chunked prefill).
+    # Tokens per forward (vLLM max_num_batched_tokens, SGLang chunked_prefill_size, TensorRT-LLM max_num_tokens);
+    # ``max_seq_len``: the model's longest context (vLLM V0 without chunked prefill)
     token_budget: PositiveInt | Literal["max_seq_len"]
     offline_token_budget: PositiveInt | None = None  # the budget in offline use (vLLM's LLM class); None: the same
     max_running_requests: PositiveInt  # vLLM max_num_seqs, SGLang max_running_requests, TensorRT-LLM max_batch_size
@@ -71,9 +63,8 @@ class GpuTier(Spec):
 
     def matches(self, hbm_gib: float, card_name: str) -> bool:
         """Whether a GPU of ``hbm_gib`` GiB named ``card_name`` is in this tier."""
-        if self.below_hbm_gib is not None and hbm_gib >= self.below_hbm_gib:
-            return False
-        return self.name_contains is None or self.name_contains.lower() in card_name.lower()
+        small = self.below_hbm_gib is None or hbm_gib < self.below_hbm_gib
+        return small and (self.name_contains is None or self.name_contains.lower() in card_name.lower())
 
 
 class KvMemory(Spec):
@@ -103,15 +94,10 @@ class KvMemory(Spec):
 class EngineSpec(Spec):
     """One release line of a serving engine (module docstring); shipped cards in ``scenarios/engines/``.
 
-    The host path: ``step_serial_us`` (µs per step) and ``request_serial_us`` (µs per request per step) are the CPU
-    work done in series with the GPU step (scheduling, input preparation, launches, sampling bookkeeping), added to
-    it; None: the hardware card's ``decode_step_overhead_us`` / ``decode_request_overhead_us`` (the catch-all fitted
-    on every engine's cases). ``request_overlapped_us`` (µs per request per step): work done in another thread or
-    process while the GPU runs; a step lasts ``max(serial step, B · request_overlapped_us)`` for a batch of B
+    Host path: ``step_serial_us`` (µs per step) and ``request_serial_us`` (µs per request per step), CPU work in
+    series with the GPU step (None: the card's catch-all ``decode_step_overhead_us`` / ``decode_request_overhead_us``);
+    ``request_overlapped_us``, work beside it: a step lasts ``max(serial step, B · request_overlapped_us)``
     (sim/step/pipeline.py ``host_bound_s``). Bounds: 0 to 1e5 µs per step and 0 to 1e4 µs per request.
-
-    Raises (validation): ``ValueError`` for a ``versions`` that is not a PEP 440 specifier set, no tier, or CUDA-graph
-    sizes that are not [n] or [start, stop, step] with positive integers.
     """
 
     name: str = "generic"
@@ -133,6 +119,8 @@ class EngineSpec(Spec):
     cuda_graph_sizes: list[list[PositiveInt]] = []  # [n] or [start, stop, step] (stop included); [] = none
     # The largest captured decode batch on the scenario's GPU (None: its tier's; the loader writes it).
     cuda_graph_max_batch: Annotated[int, Field(ge=0)] | None = None
+    running_within_budget: bool = False  # vLLM >= 0.11: max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
+    cuda_graph_per_running: Annotated[int, Field(ge=0)] = 0  # vLLM >= 0.11: graphs up to min(max, this × max_num_seqs)
     step_serial_us: Annotated[float, Field(ge=0, le=1e5)] | None = None
     request_serial_us: Annotated[float, Field(ge=0, le=1e4)] | None = None
     request_overlapped_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
@@ -171,10 +159,8 @@ class EngineSpec(Spec):
 
     def graph_batches(self, max_batch: int) -> tuple[int, ...]:
         """The captured decode batch sizes up to ``max_batch``, ascending (empty: no CUDA graphs)."""
-        sizes: set[int] = set()
-        for item in self.cuda_graph_sizes:
-            sizes.update([item[0]] if len(item) == 1 else range(item[0], item[1] + 1, item[2]))
-        return tuple(sorted(s for s in sizes if s <= max_batch))
+        ranges = [[i[0]] if len(i) == 1 else range(i[0], i[1] + 1, i[2]) for i in self.cuda_graph_sizes]
+        return tuple(sorted({s for r in ranges for s in r if s <= max_batch}))
 
     def padded_batch(self, batch_size: int, hbm_gib: float, card_name: str) -> int:
         """The batch a decode step of ``batch_size`` requests runs its GEMMs at: the smallest captured size that
@@ -192,14 +178,6 @@ class EngineSpec(Spec):
         """Serial host µs per request per decode step: this engine's, else the card's ``decode_request_overhead_us``."""
         return self.request_serial_us if self.request_serial_us is not None else hardware.decode_request_overhead_us
 
-    def step_serial_s(self, hardware) -> float:
-        """Serial host seconds of one decode step (:meth:`step_serial_us_on`)."""
-        return self.step_serial_us_on(hardware) * 1e-6
-
-    def request_serial_s(self, hardware) -> float:
-        """Serial host seconds per request per decode step."""
-        return self.request_serial_us_on(hardware) * 1e-6
-
 
 DEFAULT_ENGINE = EngineSpec()  # direct construction only: the loader's default is the newest SGLang line
 
@@ -214,9 +192,12 @@ class EngineDefaults:
     reserve_gib: float  # hbm − pool − weights, per GPU (the hardware section's reserve_gib)
 
 
+# fmt: off
 def engine_defaults(
-    engine: EngineSpec, hbm_gib: float, card_name: str, tp: int, weight_gib: float, max_seq_len: int, usage: str
+    engine: EngineSpec, hbm_gib: float, card_name: str, tp: int, weight_gib: float, max_seq_len: int, usage: str,
+    budget: int | None = None, running: int | None = None,
 ) -> EngineDefaults:
+    # fmt: on
     """The card's defaults on one GPU.
 
     Args:
@@ -224,31 +205,31 @@ def engine_defaults(
         hbm_gib: the GPU's memory (GiB, as the engine reads it); card_name: the hardware card's name.
         tp: GPUs per replica; weight_gib: the model's weights on one GPU (GiB); max_seq_len: the longest context.
         usage: ``serve`` (an OpenAI-compatible server) or ``offline`` (vLLM's ``LLM`` class).
+        budget, running: the scenario's own token budget and running cap where it sets them (the reserve, the
+            cap and the CUDA graphs follow them as the engine does); None: the card's.
     """
     tier = engine.tier(hbm_gib, card_name)
-    budget = max_seq_len if tier.token_budget == "max_seq_len" else tier.token_budget
-    if usage == "offline" and tier.offline_token_budget is not None:
-        budget = tier.offline_token_budget
+    if budget is None:
+        budget = max_seq_len if tier.token_budget == "max_seq_len" else tier.token_budget
+        if usage == "offline" and tier.offline_token_budget is not None:
+            budget = tier.offline_token_budget
+    cap = tier.max_running_requests if running is None else running
+    if engine.running_within_budget and running is None:
+        cap = min(cap, budget)
+    graphs = tier.cuda_graph_max_batch
+    if engine.cuda_graph_per_running:
+        graphs = min(graphs, engine.cuda_graph_per_running * cap)
     mem = engine.kv_memory
     fixed = mem.reserve_gib if tier.reserve_gib is None else tier.reserve_gib
     floor = mem.reserve_floor_gib if tier.reserve_floor_gib is None else tier.reserve_floor_gib
+    per_budget = mem.reserve_per_budget_token_kib * max(budget, mem.budget_floor_tokens) / 2**20
     reserve = max(
-        floor,
-        fixed
-        + mem.reserve_per_tp_gib * tp
-        + mem.reserve_per_budget_token_kib * max(budget, mem.budget_floor_tokens) / 2**20
-        + mem.reserve_per_graph_batch_mib * tier.cuda_graph_max_batch / 2**10,
+        floor, fixed + mem.reserve_per_tp_gib * tp + per_budget + mem.reserve_per_graph_batch_mib * graphs / 2**10
     )
-    utilization = mem.utilization
-    if mem.utilization_by_tp:
-        utilization = mem.utilization_by_tp[
-            max((k for k in mem.utilization_by_tp if k <= tp), default=min(mem.utilization_by_tp))
-        ]
-    if mem.of == "total":
-        pool = utilization * hbm_gib - weight_gib - reserve
-    else:
-        pool = utilization * (hbm_gib - weight_gib - reserve)
-    return EngineDefaults(budget, tier.max_running_requests, tier.cuda_graph_max_batch, hbm_gib - weight_gib - pool)
+    by_tp = mem.utilization_by_tp
+    util = by_tp[max((k for k in by_tp if k <= tp), default=min(by_tp))] if by_tp else mem.utilization
+    pool = util * hbm_gib - weight_gib - reserve if mem.of == "total" else util * (hbm_gib - weight_gib - reserve)
+    return EngineDefaults(budget, cap, graphs, hbm_gib - weight_gib - pool)
 
 
 # ---- release lines ------------------------------------------------------------------------------------------------
@@ -268,8 +249,7 @@ def release_lines(kind: str | None = None) -> list[tuple[str, SpecifierSet]]:
 
 
 def _lowest(spec: SpecifierSet) -> Version:
-    lows = [Version(s.version) for s in spec if s.operator in (">=", "==", "~=")]
-    return min(lows) if lows else Version("0")
+    return min([Version(s.version) for s in spec if s.operator in (">=", "==", "~=")], default=Version("0"))
 
 
 def known_lines() -> str:
@@ -287,12 +267,8 @@ def parse_engine_name(text: str) -> tuple[str, str | None] | None:
     """``(kind, version)`` of an engine as it prints itself (``vllm-0.9.2``, ``sglang 0.5.5.post1``,
     ``TensorRT-LLM v1.2.0rc1``, ``vllm``: version None), or None when the name is no known engine."""
     match = _NAME_VERSION.match(text)
-    if not match:
-        return None
-    kind = ENGINE_ALIASES.get(match.group(1).lower().rstrip("-_ "))
-    if kind is None:
-        return None
-    return kind, match.group(2)
+    kind = ENGINE_ALIASES.get(match.group(1).lower()) if match else None
+    return None if kind is None else (kind, match.group(2))
 
 
 def resolve_engine(name: str) -> dict[str, Any]:
@@ -322,7 +298,7 @@ def resolve_engine(name: str) -> dict[str, Any]:
     except InvalidVersion:
         raise ScenarioError(
             f"engine: {short_repr(name)} has no version PEP 440 can read ({short_repr(text)}); expected e.g. "
-            f"{kind}-0.9.2 (known lines: {known_lines()})"
+            f"{lines[-1][0]}.0 (known lines: {known_lines()})"
         ) from None
     release = Version(version.base_version)  # 0.11.0rc2 and 0.11.2.dev358 belong to the 0.11 line
     for line, spec in lines:
@@ -351,12 +327,17 @@ def engine_card(value: str | dict[str, Any]) -> dict[str, Any]:
         return resolve_engine(value)
     if not isinstance(value, dict) or "tiers" in value:
         return value
-    base = value.get("inherits") or value.get("name") or "generic"
+    base = value.get("inherits") or value.get("name")
+    if not isinstance(base, str) or not base.strip():
+        raise ScenarioError(
+            "engine: a card without tiers lays its values over a release line; give it `inherits: LINE` or a `name` "
+            f"that resolves to one (known lines: {known_lines()})"
+        )
     try:
-        card = resolve_engine(str(base))
-    except ScenarioError:
-        if "inherits" in value:
-            raise
-        card = resolve_engine("generic")
-    merged = {**card, **{k: v for k, v in value.items() if k != "inherits"}}
-    return merged
+        card = resolve_engine(base)
+    except ScenarioError as exc:
+        where = "inherits" if "inherits" in value else "name"
+        raise ScenarioError(f"engine.{where}: {exc.args[0].removeprefix('engine: ')}") from None
+    if "inherits" in value:
+        card = {**card, "version": "", "note": ""}  # a card of its own, built on the line
+    return {**card, **{k: v for k, v in value.items() if k != "inherits"}}

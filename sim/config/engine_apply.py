@@ -1,17 +1,11 @@
 """Write an engine card's defaults into a scenario being loaded (sim/config/loader.py), where it does not set them.
 
-The engine owns the scheduler: what its card gives (sim/config/engine.py :func:`engine_defaults`) fills
-
-* ``serving.mixed_prefill`` (colocated prefill only) and ``serving``'s nothing else;
-* each policy's ``chunked_prefill_tokens`` (the token budget), ``max_running_requests``, ``new_token_ratio_init``
-  and ``new_token_ratio_min`` (how much of the running requests' remaining output admission reserves), ``retract``
-  (recompute or swap) and ``preempt_victim``; a dense policy's ``block_size`` (the pool's page) and
-  ``prefix_cache``;
-* ``hardware.reserve_gib``: the HBM per GPU that is neither weights nor KV pool, from the card's memory rule;
-* ``engine.cuda_graph_max_batch``: the largest captured decode batch on this GPU.
-
-Order: a policy preset < the engine's defaults < what the scenario file, its profile or ``--set`` gives (those keys
-are kept as given). The values land in the resolved ``scenario.yaml`` a run writes.
+The engine owns the scheduler. Its card (sim/config/engine.py :func:`engine_defaults`) fills ``serving.mixed_prefill``
+(colocated prefill), each policy's ``chunked_prefill_tokens``, ``max_running_requests``, ``new_token_ratio_init/min``,
+``retract`` and ``preempt_victim`` (a dense policy's ``block_size`` and ``prefix_cache`` too), ``hardware.reserve_gib``
+(HBM per GPU that is neither weights nor KV) and ``engine.cuda_graph_max_batch``. The reserve and the graphs follow the
+scenario's own budget and running cap where every policy sets the same one (the server's), else the card's. Order: a
+policy preset < the engine < the scenario file, its profile and ``--set``. The resolved ``scenario.yaml`` shows them.
 """
 
 from __future__ import annotations
@@ -45,7 +39,12 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
     except (ValidationError, ValueError, TypeError, AttributeError):
         return
     usage = serving.get("usage_context", "serve")
-    defaults = engine_defaults(engine, hardware.hbm_gib, hardware.name, tp, weight_gib, model.max_seq_len, str(usage))
+    entries = {n: e for n, e in (raw.get("policy") or {}).items() if isinstance(e, dict)}
+    own = [{k: e[k] for k in ("chunked_prefill_tokens", "max_running_requests") if k in given.get(f"policy.{n}", ())}
+           for n, e in entries.items()]  # fmt: skip
+    budget, running = (_shared(own, key) for key in ("chunked_prefill_tokens", "max_running_requests"))
+    args = (engine, hardware.hbm_gib, hardware.name, tp, weight_gib, model.max_seq_len, str(usage), budget, running)
+    defaults = engine_defaults(*args)
     if "mixed_prefill" not in given.get("serving", set()) and serving.get("prefill", "colocated") == "colocated":
         serving["mixed_prefill"] = engine.mixed_prefill
     if raw["hardware"].get("reserve_gib") is None:  # unset (a shipped card) or null (a profile's dump)
@@ -62,13 +61,20 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
         "block_size": engine.block_tokens,
         "prefix_cache": engine.prefix_cache,
     }
-    for name, entry in (raw.get("policy") or {}).items():
-        if not isinstance(entry, dict):
-            continue
+    for name, entry in entries.items():
         mine = given.get(f"policy.{name}", set())
         for key, value in knobs.items():
             if key in mine or (key in DENSE_ONLY and entry.get("kind", "dense") != "dense"):
                 continue
             if key == "prefix_cache" and entry.get("hicache"):
                 continue  # HiCache is a tier of the prefix cache: the preset that asks for it keeps the cache on
+            if key == "max_running_requests" and engine.running_within_budget:
+                value = min(value, entry.get("chunked_prefill_tokens", value))  # this policy's budget
             entry[key] = value
+
+
+def _shared(own: list[dict[str, Any]], key: str) -> int | None:
+    """The value every policy sets itself for ``key`` (an int), else None (the card's default then)."""
+    values = {d.get(key) for d in own}
+    value = values.pop() if len(values) == 1 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

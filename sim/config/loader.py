@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.config.engine import engine_card, resolve_engine
+from sim.config.engine import engine_card, known_lines, resolve_engine
 from sim.config.engine_apply import DEFAULT_ENGINE_NAME, apply_engine
 from sim.config.files import (
     SHOWN_CHARS,
@@ -36,6 +36,8 @@ POLICY_DIR = "policies"
 DEFAULT_POLICIES = ["sglang", "pulseinfer"]
 DEFAULT_SCENARIO = "default"
 LIST_KEYS = {"policies"}  # list fields settable as a comma-separated string
+# An engine card's identity: which line and release it is; set by naming the engine, never by a dotted override.
+ENGINE_IDENTITY = {f"engine.{key}" for key in ("name", "engine", "version", "versions", "built_from", "note")}
 
 
 def card_names(kind: str) -> list[str]:
@@ -115,11 +117,22 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
     path = resolve_scenario_path(scenario)
     raw = apply_profile(_cards_beside(read_yaml(path), path.parent), path.parent)
     parsed = [_parse_override(item) for item in overrides or []]
+    for key, _ in parsed:
+        if key in ENGINE_IDENTITY:
+            raise ScenarioError(
+                f"--set {key}: a release line's identity is not a value to override; name the engine instead, e.g. "
+                "--set engine=vllm-0.9.2 (a card of your own: --set engine=my-engine.yaml)"
+            )
     for key, value in parsed:
         _set_dotted(raw, key, value)
     if isinstance(raw.get("profile"), str):  # named by an override
         apply_profile(raw)
     raw.setdefault("engine", DEFAULT_ENGINE_NAME)
+    if not isinstance(raw["engine"], (str, dict)) or (isinstance(raw["engine"], str) and not raw["engine"].strip()):
+        raise ScenarioError(
+            f"engine: expected an engine as it prints itself (vllm-0.11.0, sglang-0.5.5.post1, trtllm-1.2.0rc1), a "
+            f"card file or a card, got {short_repr(raw['engine'])} (known lines: {known_lines()})"
+        )
     for kind in CARD_KINDS:
         if isinstance(raw.get(kind), str):
             raw[kind] = load_card(kind, raw[kind])

@@ -125,8 +125,8 @@ class ComputeModel:
         self.lm_head_params = model.vocab_size * model.hidden_size
         self.lm_head_bytes = self.lm_head_params * db
         self.weight_bytes = model.weight_bytes
-        self.step_overhead_s = engine.step_serial_s(hw)
-        self.request_overhead_s = engine.request_serial_s(hw)
+        self.step_overhead_s = engine.step_serial_us_on(hw) * 1e-6
+        self.request_overhead_s = engine.request_serial_us_on(hw) * 1e-6
         self.overlapped_request_s = engine.request_overlapped_us * 1e-6
         # CUDA graphs: a decode batch runs its GEMMs at the next captured size (padding rows compute but are dropped)
         top = engine.cuda_graph_max_batch

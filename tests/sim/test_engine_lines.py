@@ -131,9 +131,9 @@ def test_the_kv_pool_follows_each_engines_memory_rule():
 
 
 def test_a_scenario_key_beats_the_engine_default_and_a_preset_does_not():
-    mine = ["policy.sglang.chunked_prefill_tokens=512", "serving.mixed_prefill=false", "hardware.reserve_gib=3"]
+    mine = ["policy.sglang.chunked_prefill_tokens=4096", "serving.mixed_prefill=false", "hardware.reserve_gib=3"]
     scn = load_scenario("default", [*SMALL, "engine=vllm-0.11.0", "hardware=h100-sxm", *mine])
-    assert scn.policy["sglang"].chunked_prefill_tokens == 512 and scn.serving.mixed_prefill is False
+    assert scn.policy["sglang"].chunked_prefill_tokens == 4096 and scn.serving.mixed_prefill is False
     assert scn.hardware.reserve_gib == 3
     assert scn.policy["sglang"].max_running_requests == 1024  # not set: the engine's
     assert scn.policy["sglang"].block_size == 16 and scn.policy["sglang"].preempt_victim == "newest"
@@ -228,3 +228,51 @@ def test_a_full_pool_preempts_the_request_the_engine_picks(engine, victim, monke
     assert req["finish_s"].notna().all()
     for index, size, generated, fewest in picked:
         assert index == size - 1 if victim == "newest" else generated == fewest
+
+
+# ---- what a newcomer tried ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("engine=vllm-", "unknown engine 'vllm-'"),
+        ("engine=", "expected an engine as it prints itself"),
+        ("engine=123", "got 123"),
+        ("engine.name=vllm-0.9", "--set engine.name: a release line's identity"),
+        ("engine.version=0.9.2", "--set engine.version: a release line's identity"),
+    ],
+)
+def test_an_empty_name_or_a_relabelled_line_is_refused(override, needle):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario("default", [override])
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_host_cost_card_must_name_a_line_it_lays_over(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: vllm-0.8\nstep_serial_us: 1000\n")
+    scn = load_scenario("default", [f"engine={mine}"])
+    assert scn.engine.name == "vllm-0.8" and scn.engine.step_serial_us == 1000 and scn.engine.mixed_prefill
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("name: vlm-0.8\nstep_serial_us: 1000\n")
+    with pytest.raises(ScenarioError, match=r"engine.name: unknown engine 'vlm-0.8'"):
+        load_scenario("default", [f"engine={typo}"])
+    assert load_scenario("default", ["engine=generic"]).engine.version == ""  # inherits sglang-0.4, not its release
+
+
+def test_vllm_011_caps_sequences_at_the_budget_and_sizes_graphs_from_the_cap():
+    """vLLM 0.11: max_num_seqs = min(max_num_seqs, max_num_batched_tokens) and CUDA graphs up to min(2 × seqs, 512),
+    also when the scenario sets the budget or the cap itself; the reserve follows the scenario's budget."""
+    base = [*SMALL, "engine=vllm-0.11.0", "hardware=h100-sxm"]
+    scn = load_scenario("default", base)
+    assert (scn.policy["sglang"].max_running_requests, scn.engine.cuda_graph_max_batch) == (1024, 512)
+    small = load_scenario("default", [*base, "policy.sglang.chunked_prefill_tokens=512"])
+    assert (small.policy["sglang"].max_running_requests, small.engine.cuda_graph_max_batch) == (512, 512)
+    assert small.hardware.reserve_gib < scn.hardware.reserve_gib  # a smaller profiled activation
+    capped = load_scenario("default", [*base, "policy.sglang.max_running_requests=64"])
+    assert capped.engine.cuda_graph_max_batch == 128
+    older = load_scenario(
+        "default", [*SMALL, "engine=vllm-0.9.2", "hardware=h100-sxm", "policy.sglang.chunked_prefill_tokens=512"]
+    )
+    assert older.policy["sglang"].max_running_requests == 1024  # 0.9 had no such cap

@@ -124,11 +124,14 @@ def engine_from(backend: str | None, summary: dict[str, Any]) -> str | None:
                     break
         if name:
             break
+    if name is None:  # an OpenAI-compatible backend: an engine-specific version key names the engine
+        name = next((n for n in ENGINE_NAMES.values() for p in places if p.get(f"{n}_version") is not None), None)
     if name is None:
         return None
     info = summary.get("server_info")
     candidates = [info.get("version")] if isinstance(info, dict) else []
-    candidates += [place.get(key) for place in places for key in VERSION_KEYS]
+    keys = [key for key in VERSION_KEYS if key.split("_")[0] in (name, "engine", "server")]  # not another engine's
+    candidates += [place.get(key) for place in places for key in keys]
     for value in candidates:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             version = str(value).strip().lstrip("vV")
