@@ -76,8 +76,8 @@ class KvMemory(Spec):
         of total: pool = utilization · hbm − weights − reserve        (vLLM gpu_memory_utilization; SGLang: 1)
         of free:  pool = utilization · (hbm − weights − reserve)      (TensorRT-LLM kv_cache_free_gpu_mem_fraction)
 
-    ``utilization_by_tp`` (SGLang ≤ 0.3 ``mem_fraction_static``): the utilization at the largest listed TP ≤ the
-    scenario's. The simulator keeps ``hbm − pool − weights`` as the hardware's ``reserve_gib`` (sim/serving/kv.py).
+    ``utilization_by_tp`` (SGLang ≤ 0.3): the utilization at the largest listed TP ≤ the scenario's. The simulator
+    keeps ``hbm − pool − weights`` as the hardware's ``reserve_gib`` (sim/serving/kv.py).
     """
 
     utilization: Annotated[float, Field(gt=0, le=1)] = 1.0
@@ -119,6 +119,9 @@ class EngineSpec(Spec):
     cuda_graph_sizes: list[list[PositiveInt]] = []  # [n] or [start, stop, step] (stop included); [] = none
     # The largest captured decode batch on the scenario's GPU (None: its tier's; the loader writes it).
     cuda_graph_max_batch: Annotated[int, Field(ge=0)] | None = None
+    # vLLM V0: chunked prefill (mixed steps, chunked_token_budget) turns itself on above this max_model_len
+    chunked_above_max_seq_len: PositiveInt | None = None
+    chunked_token_budget: PositiveInt = 2048
     running_within_budget: bool = False  # vLLM >= 0.11: max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
     cuda_graph_per_running: Annotated[int, Field(ge=0)] = 0  # vLLM >= 0.11: graphs up to min(max, this × max_num_seqs)
     step_serial_us: Annotated[float, Field(ge=0, le=1e5)] | None = None
@@ -146,11 +149,9 @@ class EngineSpec(Spec):
 
     @model_validator(mode="after")
     def _check_ratio(self) -> EngineSpec:
-        if self.new_token_ratio_init < self.new_token_ratio_min:
-            raise ValueError(
-                f"new_token_ratio_init ({self.new_token_ratio_init}) must be >= new_token_ratio_min "
-                f"({self.new_token_ratio_min})"
-            )
+        init, low = self.new_token_ratio_init, self.new_token_ratio_min
+        if init < low:
+            raise ValueError(f"new_token_ratio_init ({init}) must be >= new_token_ratio_min ({low})")
         return self
 
     def tier(self, hbm_gib: float, card_name: str) -> GpuTier:
@@ -188,6 +189,7 @@ class EngineDefaults:
 
     token_budget: int  # tokens per forward
     max_running_requests: int
+    mixed_prefill: bool
     cuda_graph_max_batch: int
     reserve_gib: float  # hbm − pool − weights, per GPU (the hardware section's reserve_gib)
 
@@ -209,10 +211,12 @@ def engine_defaults(
             cap and the CUDA graphs follow them as the engine does); None: the card's.
     """
     tier = engine.tier(hbm_gib, card_name)
+    auto = engine.chunked_above_max_seq_len is not None and max_seq_len > engine.chunked_above_max_seq_len
     if budget is None:
         budget = max_seq_len if tier.token_budget == "max_seq_len" else tier.token_budget
         if usage == "offline" and tier.offline_token_budget is not None:
             budget = tier.offline_token_budget
+        budget = engine.chunked_token_budget if auto else budget
     cap = tier.max_running_requests if running is None else running
     if engine.running_within_budget and running is None:
         cap = min(cap, budget)
@@ -229,7 +233,7 @@ def engine_defaults(
     by_tp = mem.utilization_by_tp
     util = by_tp[max((k for k in by_tp if k <= tp), default=min(by_tp))] if by_tp else mem.utilization
     pool = util * hbm_gib - weight_gib - reserve if mem.of == "total" else util * (hbm_gib - weight_gib - reserve)
-    return EngineDefaults(budget, cap, graphs, hbm_gib - weight_gib - pool)
+    return EngineDefaults(budget, cap, engine.mixed_prefill or auto, graphs, hbm_gib - weight_gib - pool)
 
 
 # ---- release lines ------------------------------------------------------------------------------------------------
@@ -264,8 +268,7 @@ def _spec_text(spec: SpecifierSet) -> str:
 
 
 def parse_engine_name(text: str) -> tuple[str, str | None] | None:
-    """``(kind, version)`` of an engine as it prints itself (``vllm-0.9.2``, ``sglang 0.5.5.post1``,
-    ``TensorRT-LLM v1.2.0rc1``, ``vllm``: version None), or None when the name is no known engine."""
+    """``(kind, version)`` of an engine as it prints itself (``vllm-0.9.2``; ``vllm``: version None), or None."""
     match = _NAME_VERSION.match(text)
     kind = ENGINE_ALIASES.get(match.group(1).lower()) if match else None
     return None if kind is None else (kind, match.group(2))

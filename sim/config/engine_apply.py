@@ -46,7 +46,7 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
     args = (engine, hardware.hbm_gib, hardware.name, tp, weight_gib, model.max_seq_len, str(usage), budget, running)
     defaults = engine_defaults(*args)
     if "mixed_prefill" not in given.get("serving", set()) and serving.get("prefill", "colocated") == "colocated":
-        serving["mixed_prefill"] = engine.mixed_prefill
+        serving["mixed_prefill"] = defaults.mixed_prefill
     if raw["hardware"].get("reserve_gib") is None:  # unset (a shipped card) or null (a profile's dump)
         raw["hardware"]["reserve_gib"] = round(defaults.reserve_gib, 4)
     if engine.cuda_graph_max_batch is None:

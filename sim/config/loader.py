@@ -148,11 +148,8 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
 def _given_keys(raw: dict[str, Any]) -> dict[str, set[str]]:
     """The keys the scenario (its file, profile and ``--set`` overrides) sets itself, before presets and the engine's
     defaults fill the rest: ``serving`` and ``policy.<name>`` → key names."""
-    out: dict[str, set[str]] = {}
-    for section in ("serving",):
-        value = raw.get(section)
-        out[section] = set(value) if isinstance(value, dict) else set()
-    policies = raw.get("policy")
+    serving, policies = raw.get("serving"), raw.get("policy")
+    out = {"serving": set(serving) if isinstance(serving, dict) else set()}
     for name, entry in policies.items() if isinstance(policies, dict) else ():
         out[f"policy.{name}"] = set(entry) if isinstance(entry, dict) else set()
     return out

@@ -108,9 +108,10 @@ def test_sglang_and_trtllm_and_vllm_v0_defaults():
     assert _defaults("sglang-0.5.5", "a100-40gb") == (4096, 2048, False)  # < 60 GB: chunked_prefill_size 4096
     assert _defaults("sglang-0.3.6", "h100-sxm") == (8192, 2048, False)
     assert _defaults("trtllm-1.2.0rc1", "h100-sxm") == (8192, 2048, True)
-    budget, seqs, mixed = _defaults("vllm-0.7.3", "h100-sxm")
-    scn = load_scenario("default", [*SMALL, "engine=vllm-0.7.3", "hardware=h100-sxm"])
-    assert (budget, seqs, mixed) == (scn.model.max_seq_len, 256, False)  # max(max_model_len, 2048), no chunking
+    # vLLM V0: max(max_model_len, 2048) without chunked prefill; above a 32K max_model_len it chunks by itself
+    short = load_scenario("default", [*SMALL, "engine=vllm-0.7.3", "hardware=h100-sxm", "model.max_seq_len=16384"])
+    assert (short.policy["sglang"].chunked_prefill_tokens, short.serving.mixed_prefill) == (16384, False)
+    assert _defaults("vllm-0.7.3", "h100-sxm") == (2048, 256, True)  # Llama-3.1's 131,072-token context
 
 
 def test_the_kv_pool_follows_each_engines_memory_rule():
