@@ -97,7 +97,8 @@ def test_a_card_file_of_your_own_is_read_by_its_path(tmp_path):
     own = tmp_path / "my-gpu.yaml"
     own.write_text(yaml.safe_dump({**card, "name": "my-gpu", "hbm_gib": 141.0}))
     engine = tmp_path / "engine.yaml"
-    engine.write_text(yaml.safe_dump({"name": "my-engine", "source": "a test", "step_serial_us": 123.0}))
+    own_engine = {"name": "my-engine", "inherits": "vllm-0.11", "source": "a test", "step_serial_us": 123.0}
+    engine.write_text(yaml.safe_dump(own_engine))  # host costs over a line (its scheduler)
     scn = load_scenario("default", [f"hardware={own}", f"engine={engine}", "hardware.hbm_bandwidth_gbps=4000"])
     assert (scn.hardware.name, scn.hardware.hbm_gib, scn.hardware.hbm_bandwidth_gbps) == ("my-gpu", 141.0, 4000)
     assert scn.hardware.bf16_tflops == card["bf16_tflops"]
