@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     serving = scenario.serving
     where = f"{serving.replicas} replicas x TP{serving.tp_size} behind {serving.router}" if fleet else "one replica"
     engine = scenario.engine
-    release = f" {engine.version}" if engine.version else ""
+    release = (
+        f" ({engine.engine} {engine.version})"
+        if engine.version and engine.name != f"{engine.engine}-{engine.version}"
+        else ""
+    )
     head = f"{scenario.name}: {scenario.model.name} on {scenario.hardware.name} ({where})"
     print(f"\n{head}, engine {engine.name}{release}, {n} {noun}, seed {scenario.seed}")
     if engine.note:
