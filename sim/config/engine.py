@@ -22,8 +22,11 @@ scenario's ``serving``, ``policy`` and ``hardware`` sections wherever the scenar
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -167,8 +170,7 @@ class EngineSpec(Spec):
         """The batch a decode step of ``batch_size`` requests runs its GEMMs at: the smallest captured size that
         holds it (CUDA-graph padding), or ``batch_size`` itself above the largest or without graphs."""
         top = self.cuda_graph_max_batch
-        if top is None:
-            top = self.tier(hbm_gib, card_name).cuda_graph_max_batch
+        top = self.tier(hbm_gib, card_name).cuda_graph_max_batch if top is None else top
         return next((s for s in self.graph_batches(top) if s >= batch_size), batch_size)
 
     def step_serial_us_on(self, hardware) -> float:
@@ -238,17 +240,18 @@ def engine_defaults(
 
 # ---- release lines ------------------------------------------------------------------------------------------------
 def _lines() -> list[tuple[str, dict[str, Any]]]:
-    """Every shipped card (``scenarios/engines/``) as (file stem, raw dict), sorted by name."""
-    return [(p.stem, read_yaml(p)) for p in sorted((scenarios_dir() / ENGINE_DIR).glob("*.yaml"))]
+    """Every shipped card (``scenarios/engines/``) as (file stem, raw dict), sorted: a copy of the files read once."""
+    return copy.deepcopy(_read_lines(str(scenarios_dir() / ENGINE_DIR)))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_lines(folder: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(p.stem, read_yaml(p)) for p in sorted(Path(folder).glob("*.yaml"))]
 
 
 def release_lines(kind: str | None = None) -> list[tuple[str, SpecifierSet]]:
     """The shipped release lines (card name, the releases it covers) of one engine kind (None: all), oldest first."""
-    out = [
-        (name, SpecifierSet(raw["versions"]))
-        for name, raw in _lines()
-        if raw.get("versions") and (kind is None or raw.get("engine") == kind)
-    ]
+    out = [(n, SpecifierSet(r["versions"])) for n, r in _lines() if r.get("versions") and kind in (None, r["engine"])]
     return sorted(out, key=lambda item: (item[0].split("-")[0], _lowest(item[1])))
 
 
@@ -259,11 +262,10 @@ def _lowest(spec: SpecifierSet) -> Version:
 def known_lines() -> str:
     """The lines in one phrase: ``vllm-0.5 (>=0.5,<0.8), ...`` plus the named cards without releases."""
     lines = [f"{name} ({_spec_text(spec)})" for name, spec in release_lines()]
-    others = [name for name, raw in _lines() if not raw.get("versions")]
-    return ", ".join(lines + others)
+    return ", ".join(lines + [name for name, raw in _lines() if not raw.get("versions")])
 
 
-def _spec_text(spec: SpecifierSet) -> str:
+def _spec_text(spec: SpecifierSet) -> str:  # lower bound first: >=0.5,<0.8
     return ",".join(sorted((str(s) for s in spec), key=lambda s: (not s.startswith(">"), s)))
 
 

@@ -128,8 +128,7 @@ class ComputeModel:
         self.step_overhead_s = engine.step_serial_us_on(hw) * 1e-6
         self.request_overhead_s = engine.request_serial_us_on(hw) * 1e-6
         self.overlapped_request_s = engine.request_overlapped_us * 1e-6
-        # CUDA graphs: a decode batch runs its GEMMs at the next captured size (padding rows compute but are dropped)
-        top = engine.cuda_graph_max_batch
+        top = engine.cuda_graph_max_batch  # CUDA graphs: a decode batch's GEMMs run at the next captured size
         top = engine.tier(hw.hbm_gib, hw.name).cuda_graph_max_batch if top is None else top
         self._padded = [engine.padded_batch(b, hw.hbm_gib, hw.name) for b in range(top + 1)] if top else []
         self.profile = profile
@@ -165,8 +164,7 @@ class ComputeModel:
         return 2.0 * (one_s + self.allreduce_call_s)
 
     def padded_batch(self, batch_size: int) -> int:
-        """The batch the step's GEMMs run at: the engine's next CUDA-graph size, or ``batch_size`` itself above the
-        largest captured one (eager) or without graphs (sim/config/engine.py ``EngineSpec.padded_batch``)."""
+        """The batch the step's GEMMs run at (the engine's next CUDA-graph size; sim/config/engine.py)."""
         return self._padded[batch_size] if batch_size < len(self._padded) else batch_size
 
     def decode_layer_s(self, batch_size: int, attended_tokens: int | np.ndarray) -> float | np.ndarray:
