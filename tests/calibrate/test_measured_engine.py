@@ -1,4 +1,4 @@
-"""The engine a measured file records (traces/measured/schema.py ``engine_from``) picks the replay's engine card
+"""The engine a measured file records (traces/measured/engine.py ``engine_from``) picks the replay's engine card
 (calibrate/measured.py ``engine_overrides``) unless ``--set engine=`` is given; the phrase says where it came from."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from calibrate.measured import engine_overrides
-from traces.measured.schema import engine_from
+from traces.measured.engine import engine_from
 
 
 @pytest.mark.parametrize(
