@@ -62,10 +62,10 @@ SHAREGPT_PROXY_TRACE = "azure_conv_2023"
 @functools.lru_cache(maxsize=1)
 def sharegpt_cv() -> tuple[float, float]:
     """(prompt, output) coefficients of variation of the ShareGPT proxy trace's lengths (population std / mean)."""
-    from traces.registry import DATA_DIR, SHIPPED_TRACES
+    from traces.registry import load_trace
 
-    table = pd.read_csv(DATA_DIR / SHIPPED_TRACES[SHAREGPT_PROXY_TRACE])
-    prompt, output = table["ContextTokens"].to_numpy(float), table["GeneratedTokens"].to_numpy(float)
+    table = load_trace(SHAREGPT_PROXY_TRACE)
+    prompt, output = table["prompt_tokens"].to_numpy(float), table["output_tokens"].to_numpy(float)
     return float(prompt.std() / prompt.mean()), float(output.std() / output.mean())
 
 

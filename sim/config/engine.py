@@ -137,9 +137,7 @@ class EngineSpec(Spec):
         try:
             SpecifierSet(value)
         except InvalidSpecifier:
-            raise ValueError(
-                f"expected a PEP 440 specifier set such as '>=0.8,<0.9', got {short_repr(value)}"
-            ) from None
+            raise ValueError("expected a PEP 440 specifier set such as '>=0.8,<0.9'") from None
         return value
 
     @field_validator("cuda_graph_sizes")
@@ -161,17 +159,13 @@ class EngineSpec(Spec):
         """The first tier that matches the GPU (the last one when none does)."""
         return next((t for t in self.tiers if t.matches(hbm_gib, card_name)), self.tiers[-1])
 
-    def graph_batches(self, max_batch: int) -> tuple[int, ...]:
-        """The captured decode batch sizes up to ``max_batch``, ascending (empty: no CUDA graphs)."""
-        ranges = [[i[0]] if len(i) == 1 else range(i[0], i[1] + 1, i[2]) for i in self.cuda_graph_sizes]
-        return tuple(sorted({s for r in ranges for s in r if s <= max_batch}))
-
-    def padded_batch(self, batch_size: int, hbm_gib: float, card_name: str) -> int:
-        """The batch a decode step of ``batch_size`` requests runs its GEMMs at: the smallest captured size that
-        holds it (CUDA-graph padding), or ``batch_size`` itself above the largest or without graphs."""
+    def graph_batches(self, hbm_gib: float, card_name: str) -> tuple[int, ...]:
+        """The decode batch sizes captured as CUDA graphs on this GPU, ascending, up to ``cuda_graph_max_batch``
+        (None: the GPU's tier's); empty without graphs. A batch runs at the next one that holds it."""
         top = self.cuda_graph_max_batch
         top = self.tier(hbm_gib, card_name).cuda_graph_max_batch if top is None else top
-        return next((s for s in self.graph_batches(top) if s >= batch_size), batch_size)
+        ranges = [[i[0]] if len(i) == 1 else range(i[0], i[1] + 1, i[2]) for i in self.cuda_graph_sizes]
+        return tuple(sorted({s for r in ranges for s in r if s <= top}))
 
     def step_serial_us_on(self, hardware) -> float:
         """Serial host µs of one decode step: this engine's, else the card's ``decode_step_overhead_us``."""
@@ -240,8 +234,9 @@ def engine_defaults(
 
 # ---- release lines ------------------------------------------------------------------------------------------------
 def _lines() -> list[tuple[str, dict[str, Any]]]:
-    """Every shipped card (``scenarios/engines/``) as (file stem, raw dict), sorted: a copy of the files read once."""
-    return copy.deepcopy(_read_lines(str(scenarios_dir() / ENGINE_DIR)))
+    """Every shipped card (``scenarios/engines/``) as (file stem, raw dict), sorted; read once per process, so
+    read-only: :func:`resolve_engine` hands out copies."""
+    return _read_lines(str(scenarios_dir() / ENGINE_DIR))
 
 
 @functools.lru_cache(maxsize=4)
@@ -284,7 +279,7 @@ def resolve_engine(name: str) -> dict[str, Any]:
         ScenarioError: one line naming the value and listing the known lines (an unknown name, a version that is
             not PEP 440, or one newer than every line of its engine).
     """
-    cards = dict(_lines())
+    cards = copy.deepcopy(dict(_lines()))  # the caller may edit what it gets (--set engine.kv_memory...)
     if name.lower() in cards and not cards[name.lower()].get("versions"):
         return engine_card(cards[name.lower()])
     parsed = parse_engine_name(name)
@@ -321,12 +316,13 @@ def resolve_engine(name: str) -> dict[str, Any]:
 
 def engine_card(value: str | dict[str, Any]) -> dict[str, Any]:
     """An engine value as a full card dict: a name (:func:`resolve_engine`), or a dict (a card file of your own, a
-    profile's engine section, a resolved scenario.yaml's). A dict without ``tiers`` is the host costs of a line:
-    it is laid over the card its ``inherits`` key names, else the card its ``name`` resolves to (calibrate writes
-    ``engine-<line>.yaml`` this way), else the generic card.
+    profile's engine section, a resolved scenario.yaml's). A dict without ``tiers`` holds values of a line (its
+    host costs, say): it is laid over the card its ``inherits`` key names, else the card its ``name`` resolves to
+    (calibrate writes ``engine-<line>.yaml`` this way).
 
     Raises:
-        ScenarioError: as :func:`resolve_engine`.
+        ScenarioError: as :func:`resolve_engine`, naming ``engine.inherits`` or ``engine.name``; or a dict without
+            tiers that names no line.
     """
     if isinstance(value, str):
         return resolve_engine(value)

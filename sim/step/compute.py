@@ -68,6 +68,8 @@ the measured linear forms instead, and the per-step overhead is part of the meas
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from sim.config import DEFAULT_ENGINE, ComputeProfile, EngineSpec, HardwareSpec, ModelSpec
@@ -128,9 +130,8 @@ class ComputeModel:
         self.step_overhead_s = engine.step_serial_us_on(hw) * 1e-6
         self.request_overhead_s = engine.request_serial_us_on(hw) * 1e-6
         self.overlapped_request_s = engine.request_overlapped_us * 1e-6
-        top = engine.cuda_graph_max_batch  # CUDA graphs: a decode batch's GEMMs run at the next captured size
-        top = engine.tier(hw.hbm_gib, hw.name).cuda_graph_max_batch if top is None else top
-        self._padded = [engine.padded_batch(b, hw.hbm_gib, hw.name) for b in range(top + 1)] if top else []
+        sizes = engine.graph_batches(hw.hbm_gib, hw.name)  # CUDA graphs: a batch's GEMMs run at the next size
+        self._padded = [sizes[bisect.bisect_left(sizes, b)] for b in range(sizes[-1] + 1)] if sizes else []
         self.profile = profile
         if profile is not None:
             self.step_overhead_s = 0.0  # measured inside head_s
