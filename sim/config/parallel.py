@@ -65,6 +65,7 @@ def shard_model(model: ModelSpec, tp: int) -> ModelSpec:
             "num_kv_heads": kv_heads_per_gpu(model, tp),
             "intermediate_size": _ceil_div(model.intermediate_size, tp),
             "expert_intermediate_size": _ceil_div(model.expert_intermediate_size, tp),
+            "shared_expert_intermediate_size": _ceil_div(model.shared_expert_intermediate_size, tp),
             "vocab_size": _ceil_div(model.vocab_size, tp),
         }
     )

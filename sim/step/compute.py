@@ -1,30 +1,42 @@
 """GPU compute-time model: decode layers as memory-bound kernels with size-dependent efficiency, prefill as FLOPs.
 
-Decode, one layer, batch of B requests attending T tokens in total (sum over the batch)::
+Decode, one layer, batch of B requests attending T tokens in total (sum over the batch); B' the CUDA-graph batch::
 
-    gemm   = max((W_layer + n_gemm · H) / (BW · η_hbm)
-                 + E_touched(B) · (W_expert + H) / (BW · η_hbm · η_moe),
-                 2 · B · P_active_layer / (peak_w · mfu_w))
-    attn   = max(kv_bytes_per_token_per_layer · (T + B · h_attn) / (BW · η_hbm · η_attn),
-                 4 · num_heads · head_dim · T / (peak_bf16 · mfu_attn))
-    layer  = gemm + attn + 2 · (all-reduce of B tokens' activations + c_ar)          (tp_size > 1)
+    shared = max((W_shared + n_gemm · H) / (BW · η_hbm), 2 · B' · P_shared / (peak_w · mfu_w))
+    experts = E_t(B') · max((W_expert + H_moe) / (BW · η_hbm · η_moe), 2 · (B'·k / E_t) · P_expert / (peak_w · mfu_w))
+              + t_route                                                                   (MoE layers only)
+    attn   = max(kv_bytes_per_token_per_layer · (T + B · h_attn) / (BW · η_hbm · η_attn · η_kv · fill),
+                 attn_flops_per_token · T / (peak_bf16 · mfu_attn))
+    layer  = shared + (share of MoE layers) · experts + attn + 2 · (all-reduce of B tokens' activations + c_ar)
 
-``W_layer`` is the attention and dense-MLP (or router) weight bytes, read by ``n_gemm`` = 4 GEMMs (QKV, O, gate-up,
-down; 3 for an MoE layer's attention and router). A kernel that reads ``b`` bytes runs at ``η_hbm · b / (b + H)`` of
-the HBM peak (``hbm_efficiency`` η_hbm, ``hbm_half_bytes`` H: the bytes at which a kernel reaches half of η_hbm —
-launch and tail effects of small kernels), which is the same as each kernel reading H extra bytes. The attention
-kernel of a request with c tokens runs at ``η_attn · c / (c + h_attn)`` of that (``attn_efficiency``,
-``attn_half_tokens``: short contexts cannot fill the GPU), the same as each request reading h_attn extra tokens.
-For MoE, ``E_touched(B) = E · (1 − (1 − k/E)^B)`` distinct experts (uniform routing), each read once, by grouped
-GEMMs at ``moe_efficiency`` η_moe. GEMMs run at the weights' dtype peak times its efficiency (``fp8_tflops`` ×
-``fp8_mfu`` for FP8 weights on a card that has FP8 tensor cores, else ``bf16_tflops`` × ``prefill_mfu``); attention
-FLOPs at the BF16 peak × ``attn_mfu`` (FlashAttention's own efficiency; unset, either takes ``prefill_mfu``). These
-two, mfu_w and mfu_attn, are also the compute bounds of the decode layer and LM head below (they bind only at
-batches of hundreds).
-Sources: the bandwidth roofline of docs/sources.md §6 item 5 (decode is HBM-bound); peaks and bandwidth from the
-hardware card; η_hbm, H, η_attn, h_attn, η_moe, mfu, the per-step overhead and c_ar fitted to public serving
-measurements by ``pulseinfer calibrate serving`` (docs/sources.md §11, the fit set of scenarios/cases/serving/).
-With H = h_attn = 0 and η_attn = η_moe = 1 this is a plain bandwidth roofline.
+``W_shared``/``P_shared``: what every token reads — attention projections and the dense MLP, or an MoE layer's
+router and shared experts (a model's leading ``first_dense_layers`` count their dense MLP; sim/config/cards.py
+averages over layers) —, read by ``n_gemm`` GEMMs (4 dense, 3 MoE, 5 with shared experts). A kernel that reads b
+bytes runs at ``η_hbm · b / (b + H)`` of the HBM peak (``hbm_efficiency``, ``hbm_half_bytes``: launch and tail
+effects), the same as reading H extra bytes.
+
+MoE (``num_experts`` E, ``num_active_experts`` k): the B' tokens' top-k choices touch ``E_t(B') = E · (1 − (1 −
+k/E)^B')`` distinct experts (uniform routing), each read once by the grouped GEMM and given B'·k/E_t tokens; an
+expert's GEMMs take their weight read — with ``moe_half_bytes`` H_moe for the grouped kernel's per-expert tile and
+launch overhead, so a small expert (Qwen3-30B-A3B: 9.4 MB; a 235B expert split eight ways: 4.7 MB) runs below the
+roofline and a large one (Mixtral: 352 MB) near it — or their FLOPs at the GEMM peak, whichever is longer; the
+layer adds its routing, top-k and token permutation ``moe_layer_us`` t_route. Tensor parallelism splits each expert's
+width (sim/config/parallel.py); expert parallelism is not modelled.
+
+Decode attention: a request reads its KV (MLA: one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per
+token and layer, sim/config/cards.py) at ``η_attn`` of the roofline, plus ``attn_half_tokens`` h_attn tokens' worth
+per request (short contexts cannot fill a kernel); FP8 KV at ``attn_fp8_efficiency`` η_kv of that (dequantisation);
+and split-KV work tiles fill the GPU: ``fill = tiles / (tiles + attn_half_tiles)``, tiles = B · KV heads (1 for
+MLA) · (⌊T / (B · 256)⌋ + 1) — flash-decoding splits a request's KV into 256-token chunks (:data:`ATTN_SPLIT_TOKENS`),
+so a small batch with few KV heads per GPU (a 70B model at TP8: one) fills little of it. The FLOPs side holds for
+large GQA groups and MLA (absorbed: ``heads · (4 · kv_lora_rank + 2 · qk_rope_head_dim)`` per KV token; else
+``4 · heads · head_dim``). GEMMs run at the weights' dtype peak times its efficiency (``fp8_tflops`` × ``fp8_mfu``
+for FP8 weights on a card with FP8 tensor cores, else ``bf16_tflops`` × ``prefill_mfu``, fitted per GPU
+architecture); attention FLOPs at the BF16 peak × ``attn_mfu``.
+Sources: the bandwidth roofline of docs/sources.md §6 item 5; peaks, bandwidth and SM counts from the hardware
+card; every efficiency and cost above fitted to public serving measurements by ``pulseinfer calibrate serving``
+(docs/sources.md §11, §13; cross-validated by ``pulseinfer cases --suite serving --cv``). With H = H_moe = h_attn =
+t_route = attn_half_tiles = 0 and every η = 1 this is a plain bandwidth roofline.
 
 Each decode step adds the serving engine's serial host cost (sim/config/engine.py ``EngineSpec``: ``step_serial_us``,
 else the card's ``decode_step_overhead_us``: scheduler and launches of a CUDA-graph step; timed by
@@ -42,11 +54,12 @@ the compute-bound terms above use the padded B; the weight reads do not change.
 
 Prefill, one forward over chunks (c new tokens after p cached tokens each)::
 
-    flops = Σ [2 · c · L · P_active_layer] / (peak_w · mfu_w) + Σ [4 · num_heads · head_dim · L · (c·p + c·(c+1)/2)]
-            / (peak_bf16 · mfu_attn) + 2 · hidden · vocab / (peak_w · mfu_w) per request whose prompt completes
-            + Σ c · L · passes · hidden · activation_bytes / (BW · η_hbm)
+    flops = Σ [2 · c · L · P_active_layer] / (peak_w · mfu_w) + Σ [a · L · (c·p + c·(c+1)/2)] / (peak_bf16 · mfu_attn)
+            + 2 · hidden · vocab / (peak_w · mfu_w) per request whose prompt completes
+            + Σ c · L · passes · hidden · activation_bytes / (BW · η_hbm) + L_moe · t_route
     time  = max(flops, weight_bytes / (BW · η_hbm)) + L · 2 · all-reduce of the chunk tokens (tp_size > 1)
 
+with a = 4 · heads · head_dim FLOPs per query-key pair (MLA, computed per head: 2 · heads · (qk + v head dims)).
 The last term is the memory-bound kernels between the GEMMs (RMSNorm, rotary, SiLU-and-multiply, residual adds):
 ``prefill_act_passes`` reads and writes of a hidden-size activation per token and layer, at the HBM roofline. It
 makes a compute-poor, bandwidth-rich card (H20: 148 TFLOP/s, 4 TB/s) reach a larger share of its tensor peak in
@@ -74,6 +87,8 @@ import numpy as np
 
 from sim.config import DEFAULT_ENGINE, ComputeProfile, EngineSpec, HardwareSpec, ModelSpec
 from sim.config.parallel import allreduce_s
+
+ATTN_SPLIT_TOKENS = 256  # split-KV chunk of decode attention (FlashInfer / flash-decoding split a request's KV)
 
 
 class ComputeModel:
@@ -109,20 +124,37 @@ class ComputeModel:
         self.attn_bandwidth_bps = self.bandwidth_bps * hw.attn_efficiency
         self.attn_half_tokens = hw.attn_half_tokens
         self.expert_bandwidth_bps = self.bandwidth_bps * hw.moe_efficiency
+        self.attn_half_tiles = hw.attn_half_tiles
+        latent = model.is_mla and model.mla_cache
+        self.kv_heads = 1 if latent else model.num_kv_heads  # split-KV tiles per request and split
+        if (model.kv_dtype or model.dtype) == "fp8":
+            self.attn_bandwidth_bps *= hw.attn_fp8_efficiency
         fp8 = model.dtype == "fp8" and hw.fp8_tflops is not None
         gemm_mfu = hw.fp8_gemm_mfu if fp8 else hw.prefill_mfu
         self.flops_per_s = (hw.fp8_tflops if fp8 else hw.bf16_tflops) * 1e12 * gemm_mfu  # GEMMs
         self.attn_flops_per_s = hw.bf16_tflops * 1e12 * hw.attention_mfu
         self.prefill_token_layer_s = hw.prefill_act_passes * self.activation_bytes_per_token / self.bandwidth_bps
         self.kv_bytes_per_token_per_layer = model.kv_bytes_per_token_per_layer
-        self.attn_flops_per_token = 4 * model.num_heads * model.head_dim
+        heads = model.num_heads
+        if model.is_mla:  # decode: absorbed (scores over latent + rotary, values over the latent); prefill: per head
+            self.prefill_attn_flops_per_pair = 2 * heads * (model.head_dim + model.v_head_dim)
+            self.attn_flops_per_token = (
+                heads * (4 * model.kv_lora_rank + 2 * model.qk_rope_head_dim)
+                if latent
+                else self.prefill_attn_flops_per_pair
+            )
+        else:
+            self.attn_flops_per_token = self.prefill_attn_flops_per_pair = 4 * heads * model.head_dim
         self.num_experts = model.num_experts
         self.num_active_experts = model.num_active_experts
-        gemms = 3 if model.num_experts else 4  # QKV, O, gate-up, down; MoE: QKV, O, router
+        # QKV, O, gate-up, down per dense layer; QKV, O, router (and a shared expert's two) per MoE layer
+        gemms = 4 if not model.num_experts else (5 if model.num_shared_experts else 3)
         self.shared_weight_bytes_layer = (model.attn_params_per_layer + model.dense_mlp_params_per_layer) * db
         self.shared_read_bytes = self.shared_weight_bytes_layer + gemms * self.half_bytes
-        self.expert_bytes = model.expert_params * db
-        self.expert_read_bytes = self.expert_bytes + self.half_bytes
+        self.moe_share = model.moe_layers / model.num_layers  # share of layers with routed experts
+        self.expert_params = model.expert_params
+        self.expert_read_bytes = model.expert_params * db + hw.moe_half_bytes
+        self.moe_layer_s = hw.moe_layer_us * 1e-6
         self.active_params_layer = model.active_params_per_layer
         self.lm_head_params = model.vocab_size * model.hidden_size
         self.lm_head_bytes = self.lm_head_params * db
@@ -155,6 +187,15 @@ class ComputeModel:
         e, k = self.num_experts, self.num_active_experts
         return e * (1.0 - (1.0 - k / e) ** batch_size)
 
+    def experts_s(self, tokens: int) -> float:
+        """One MoE layer's routed experts for ``tokens`` tokens, seconds: each touched expert's GEMMs at its share of
+        the tokens — its weight read (plus ``moe_half_bytes``) at the HBM roofline, or its FLOPs at the GEMM peak,
+        whichever is longer — plus the layer's routing and permutation (``moe_layer_us``)."""
+        touched = self.experts_touched(tokens)
+        per_expert_flops = 2 * tokens * self.num_active_experts / touched * self.expert_params
+        one_s = max(self.expert_read_bytes / self.expert_bandwidth_bps, per_expert_flops / self.flops_per_s)
+        return touched * one_s + self.moe_layer_s
+
     def allreduce_layer_s(self, tokens: int) -> float:
         """The two all-reduces of one layer over ``tokens`` tokens' activations, each with its per-call cost
         (0 at ``tp_size`` 1)."""
@@ -183,12 +224,19 @@ class ComputeModel:
         if self.profile is not None:
             base, per_request, per_token = self._layer
             return (base + per_request * batch_size) + per_token * attended_tokens
-        gemm_s = self.shared_read_bytes / self.bandwidth_bps
+        padded = self.padded_batch(batch_size)
+        shared_flops = (
+            2 * padded * (self.active_params_layer - self.moe_share * self.num_active_experts * self.expert_params)
+        )
+        gemm_s = max(self.shared_read_bytes / self.bandwidth_bps, shared_flops / self.flops_per_s)
         if self.num_experts:
-            gemm_s += self.experts_touched(batch_size) * self.expert_read_bytes / self.expert_bandwidth_bps
-        gemm_s = max(gemm_s, 2 * self.padded_batch(batch_size) * self.active_params_layer / self.flops_per_s)
+            gemm_s += self.moe_share * self.experts_s(padded)
+        requests = max(batch_size, 1)  # an empty micro-batch group reads nothing
+        splits = attended_tokens // (requests * ATTN_SPLIT_TOKENS) + 1  # split-KV chunks of a mean request
+        tiles = requests * self.kv_heads * splits
+        fill = tiles / (tiles + self.attn_half_tiles)  # the share of the GPU the work tiles fill
         memory_s = (attended_tokens + batch_size * self.attn_half_tokens) * (
-            self.kv_bytes_per_token_per_layer / self.attn_bandwidth_bps
+            self.kv_bytes_per_token_per_layer / (self.attn_bandwidth_bps * fill)
         )
         flops_s = self.attn_flops_per_token * attended_tokens / self.attn_flops_per_s
         attn_s = np.maximum(memory_s, flops_s) if isinstance(memory_s, np.ndarray) else max(memory_s, flops_s)
@@ -214,7 +262,7 @@ class ComputeModel:
         Returns:
             Seconds.
         """
-        flops_s = self._prefill_flops_s(chunks, num_completing)
+        flops_s = self._prefill_flops_s(chunks, num_completing) + self.num_layers * self.moe_share * self.moe_layer_s
         time_s = max(flops_s, self.weight_bytes / self.bandwidth_bps)
         if self.tp_size > 1:
             time_s += self.num_layers * self.allreduce_layer_s(sum(new for new, _ in chunks))
@@ -243,7 +291,7 @@ class ComputeModel:
         per_token = 2.0 * self.num_layers * self.active_params_layer
         attn = 0.0
         tokens = 0
-        attn_per = self.attn_flops_per_token * self.num_layers
+        attn_per = self.prefill_attn_flops_per_pair * self.num_layers
         for new, cached in chunks:
             tokens += new
             gemm += per_token * new

@@ -18,7 +18,8 @@ def _model(name: str) -> ModelSpec:
 # size-dependent terms are off, and the tests at the end switch each term on by hand.
 ROOFLINE = dict(hbm_half_bytes=0.0, attn_efficiency=1.0, attn_half_tokens=0.0, moe_efficiency=1.0,
                 allreduce_call_us=0.0, decode_request_overhead_us=0.0, fp8_mfu=None, attn_mfu=None,
-                prefill_act_passes=0.0)  # fmt: skip
+                prefill_act_passes=0.0, moe_half_bytes=0.0, moe_layer_us=0.0, attn_half_tiles=0.0,
+                attn_fp8_efficiency=1.0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
