@@ -149,8 +149,9 @@ class ServingCase(_Strict):
     """One serving case file."""
 
     name: str
-    # fit: the calibration reads it; check: never fitted; saturation: never fitted, all-at-once or closed-loop
-    # (>= 64 clients) runs reported as their own group
+    # The report's groups: fit and check (issue 32's split), saturation (all-at-once or closed-loop >= 64 clients
+    # runs). Since issue 46 the shipped fit reads every modelled case, so these figures are in-sample; held-out
+    # figures come from cross-validation (calibrate/serving_cv.py).
     set: Literal["fit", "check", "saturation"]
     source: Source
     # The engine as it prints itself, NAME-VERSION (vllm-0.8.2, sglang-0.4.3.post4, trtllm-1.0), resolved to its

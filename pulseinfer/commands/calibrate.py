@@ -79,28 +79,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     srv = what.add_parser(
         "serving",
         formatter_class=DefaultsHelpFormatter,
-        help="fit the compute model's efficiencies to the serving suite's fit set (no torch needed)",
-        description="Fit hbm_efficiency, hbm_half_bytes, attn_efficiency, attn_half_tokens, moe_efficiency, "
-        "prefill_mfu, fp8_mfu, attn_mfu, prefill_act_passes, decode_step_overhead_us, decode_request_overhead_us, "
-        "allreduce_call_us and the host costs of "
-        "the engines with their own card (calibrate/serving_fit.py, bounds there) to the "
-        "fit set of scenarios/cases/serving/ by a seeded Optuna search over simulations (its first trial: the shipped "
-        "cards' values), then simulate both sets "
-        "with the fitted values. Writes OUT/fit.yaml (values, bounds, loss, provenance), one profile per card "
-        "(OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), one engine card per fitted "
-        "engine (OUT/engine-<name>.yaml: --set engine=...), OUT/serving.csv, "
-        "OUT/serving_report.csv and OUT/plots/serving_scatter.png. About 3 s per trial on 2 cores.",
+        help="fit the compute model's physical constants to the serving suite (no torch needed)",
+        description="Fit the compute model's constants on the hardware cards (prefill_mfu per GPU architecture) and "
+        "the host costs of the engine lines with their own values (calibrate/serving_fit.py: names and bounds) to "
+        "every modelled case of scenarios/cases/serving/ by bounded robust least squares over simulations, from "
+        "typical values (PRIOR), then simulate the suite with them. The suite's errors are then in-sample; "
+        "`pulseinfer cases --suite serving --cv source` gives the held-out ones. Writes OUT/fit.yaml (values, bounds, "
+        "the values at a bound, loss, provenance), OUT/sensitivity.csv (the loss with each value moved 10 %%), one "
+        "profile per card (OUT/<card>.yaml: use with --set hardware=null --set profile=OUT/<card>.yaml), one engine "
+        "card per fitted engine (OUT/engine-<name>.yaml: --set engine=...), OUT/serving.csv, OUT/serving_report.csv "
+        "and OUT/plots/serving_scatter.png. About 2-3 min per iteration on 2 cores.",
     )
     srv.add_argument("--out", dest="serving_out", type=Path, default=Path("results/serving-fit"), help="folder")
-    srv.add_argument("--trials", type=int, default=200, help="Optuna trials")
-    srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating a trial's cases")
+    srv.add_argument("--iterations", type=int, default=8, help="least-squares iterations (Jacobians)")
+    srv.add_argument("--jobs", type=int, default=2, help="worker processes simulating cases")
     srv.add_argument(
         "--engines-only",
         action="store_true",
         help="fit the engine lines' host costs alone, the cards' compute values kept as shipped",
     )
     srv.add_argument(
-        "--seed", type=int, default=argparse.SUPPRESS, help="the search's seed (default: calibrate's --seed, 0)"
+        "--from-shipped", action="store_true", help="start from the shipped cards' values instead of the prior"
     )
     return p
 
@@ -242,7 +241,8 @@ def _print_selection(result) -> None:
 
 
 def _run_serving(args: argparse.Namespace) -> int:
-    """``calibrate serving``: fit, write the profiles, and report both sets with the fitted values."""
+    """``calibrate serving``: fit, write the profiles, and report the suite with the fitted values."""
+    import pandas as pd
     import yaml
 
     from calibrate.serving_cases import load_suite, suite_report, suite_table
@@ -252,67 +252,74 @@ def _run_serving(args: argparse.Namespace) -> int:
         card_params,
         engine_params,
         fit_serving,
+        sensitivity,
         shipped_start,
         suite_rows,
     )
     from sim.config.loader import load_card
 
-    for flag, value in (("--trials", args.trials), ("--jobs", args.jobs)):
+    for flag, value in (("--iterations", args.iterations), ("--jobs", args.jobs)):
         if value < 1:
             raise UsageError(f"{flag} {value}: must be >= 1")
     out = args.serving_out
     check_out_folder(out, "calibrate serving")
     started = time.perf_counter()
+    source = f"pulseinfer calibrate serving --iterations {args.iterations}"
     with results_folder(out, command="calibrate serving") as stage:
-        with Bar(args.trials, "fit", "trial") as bar:
+        with Bar(2 * args.iterations + 1, "fit", "suite run") as bar:
 
-            def on_trial(i: int, best: float) -> None:
-                bar.note(f"best loss {best:.4f}")
+            def on_step(i: int, loss: float) -> None:
+                bar.note(f"loss {loss:.4f}")
                 bar.advance()
 
             only = [k for k in PARAMETERS if k.startswith(ENGINE_PREFIX)] if args.engines_only else None
-            result = fit_serving(args.trials, args.seed, args.jobs, on_trial, shipped_start(), only)
+            start = shipped_start() if (args.engines_only or args.from_shipped) else None
+            result = fit_serving(args.iterations, args.jobs, on_step, start, only)
         params = {k: float(f"{v:.4g}") for k, v in result.params.items()}
-        rows = suite_rows(params, args.jobs)
         cases = load_suite()
+        fit = {
+            "params": params,
+            "bounds": {k: [lo, hi] for k, (lo, hi, _) in PARAMETERS.items()},
+            "at_bound": result.at_bound,
+            "uninformed": result.uninformed,
+            "loss": float(result.loss),
+            "iterations": args.iterations,
+            "simulations": result.trials,
+            "fitted": "the engines' host costs (the cards' compute values as shipped)" if args.engines_only else "all",
+            "fit_cases": sorted(c.name for c in cases if not c.not_modelled),
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        (stage / "fit.yaml").write_text(yaml.safe_dump(fit, sort_keys=False))
+        print(f"\nfitted values (loss {result.loss:.4f}): {params}", file=sys.stderr, flush=True)
+        rows = suite_rows(params, args.jobs)
         table = suite_table(rows)
         report = suite_report(table, {c.name for c in cases if c.offloaded})
         table.to_csv(stage / "serving.csv", index=False)
         report.to_csv(stage / "serving_report.csv", index=False)
-        fit = {
-            "params": params,
-            "bounds": {k: [lo, hi] for k, (lo, hi, _) in PARAMETERS.items()},
-            "loss": float(result.loss),
-            "trials": args.trials,
-            "fitted": "the engines' host costs (the cards' compute values as shipped)" if args.engines_only else "all",
-            "seed": args.seed,
-            "fit_cases": sorted(c.name for c in cases if c.set == "fit" and not c.not_modelled),
-            "date": time.strftime("%Y-%m-%d"),
-        }
-        (stage / "fit.yaml").write_text(yaml.safe_dump(fit, sort_keys=False))
+        pd.DataFrame(sensitivity(params, jobs=args.jobs)).to_csv(stage / "sensitivity.csv", index=False)
         for card in sorted({c.setup.hardware for c in cases if not c.not_modelled}):
-            hardware = {**load_card("hardware", card), **card_params(params)}
-            profile = {"name": f"{card}-serving-fit", "source": f"pulseinfer calibrate serving --trials {args.trials}",
+            base = load_card("hardware", card)
+            hardware = {**base, **card_params(params, base.get("arch"))}
+            profile = {"name": f"{card}-serving-fit", "source": source,
                        "metadata": {"date": fit["date"], "loss": fit["loss"]}, "hardware": hardware}  # fmt: skip
             (stage / f"{card}.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
         for name, values in engine_params(params).items():
-            engine = {
-                **load_card("engine", name),
-                **values,
-                "source": f"pulseinfer calibrate serving --trials {args.trials}",
-            }
+            engine = {**load_card("engine", name), **values, "source": source}
             (stage / f"engine-{name}.yaml").write_text(yaml.safe_dump(engine, sort_keys=False))
         from plots.validation import serving_scatter
 
         (stage / "plots").mkdir()
         serving_scatter(table).savefig(stage / "plots" / "serving_scatter.png", dpi=110)
-    print(f"\nfitted in {time.perf_counter() - started:.0f} s ({args.trials} trials), loss {result.loss:.4f}:")
+    print(f"\nfitted in {time.perf_counter() - started:.0f} s ({result.trials} simulations), loss {result.loss:.4f}:")
     for name, value in params.items():
         lo, hi, _ = PARAMETERS[name]
-        print(f"  {name:38s} {value:<12g} bounds [{lo:g}, {hi:g}]")
-    print("\nboth sets with the fitted values (not modelled and by-construction rows left out):")
+        flag = (
+            "  AT BOUND" if name in result.at_bound else ("  (no case informs it)" if name in result.uninformed else "")
+        )
+        print(f"  {name:38s} {value:<12g} bounds [{lo:g}, {hi:g}]{flag}")
+    print("\nthe suite with the fitted values, IN-SAMPLE (held-out: cases --suite serving --cv source):")
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-    print(f"\nwrote {out}/fit.yaml, a profile per card, serving.csv, serving_report.csv, plots/serving_scatter.png")
+    print(f"\nwrote {out}/fit.yaml, sensitivity.csv, a profile per card, serving.csv, serving_report.csv, plots/")
     return 0
 
 

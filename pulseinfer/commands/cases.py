@@ -18,13 +18,15 @@ point, or a closed-form link figure). Verdict: within / outside the tolerance, o
 reason when this build lacks what the case needs. Sources: docs/sources.md §9.
 OUT/cases.csv: case, source, metric, published, simulated, error_pct, tolerance_pct, verdict, note.
 
-The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11-12) is ~55 public real-GPU serving
-benchmarks (vLLM, SGLang, TensorRT-LLM; TPOT or ITL with its statistic, TTFT, throughput), each rebuilt as a
-scenario on its declared engine release and split once into a fit set and a check set, plus a saturation set
-(all at once or closed loop, never fitted). OUT/serving.csv: case, set, engine (the release line it ran on),
-metric, stat, measured, simulated, error_pct, by_construction, verdict, note; OUT/serving_report.csv: per set and
-metric group the MAPE, the mean signed error and the worst case; OUT/plots/serving_scatter.png: simulated vs
-measured, log-log.
+The serving suite (scenarios/cases/serving/<name>.yaml, docs/sources.md §11-13) is ~160 public real-GPU serving
+benchmarks (vLLM, SGLang, TensorRT-LLM, LMDeploy; TPOT or ITL with its statistic, TTFT, throughput), each rebuilt as
+a scenario on its declared engine release. The shipped compute model is fitted on all of them, so its plain
+figures are in-sample; --cv source|card|model|engine refits without each group of cases
+(calibrate/serving_cv.py) and scores each left-out group with values fitted without it: the held-out figures
+(OUT/cv.csv, OUT/cv_report.csv, OUT/cv_params.csv: every fold's fitted values, those at a bound flagged).
+OUT/serving.csv: case, set, engine (the release line it ran on), metric, stat, measured, simulated, error_pct,
+by_construction, verdict, note; OUT/serving_report.csv: per set and metric group the MAPE, the mean signed error and
+the worst case; OUT/plots/serving_scatter.png: simulated vs measured, log-log.
 """
 
 
@@ -41,6 +43,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--suite", choices=("all", "published", "serving"), default="all", help="which cases to run (default all)"
     )
+    p.add_argument(
+        "--cv",
+        choices=("source", "card", "model", "engine"),
+        default=None,
+        help="serving suite: cross-validate, leaving out each publisher, GPU, model family or engine in turn",
+    )
+    p.add_argument("--folds", type=int, default=None, help="--cv: at most this many folds (default: one per group)")
+    p.add_argument("--iterations", type=int, default=4, help="--cv: least-squares iterations per fold (default 4)")
+    p.add_argument("--jobs", type=int, default=2, help="--cv: worker processes simulating cases (default 2)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -50,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.serving_cases import serving_case_names
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    if args.cv is not None:
+        return _run_cv(args, only)
     published = args.suite in ("all", "published")
     serving = args.suite in ("all", "serving")
     if only is not None:  # names pick their suite
@@ -119,6 +132,47 @@ def _run_serving(args: argparse.Namespace, only: list[str] | None) -> None:
         print(f"\nwrote {args.out / 'serving.csv'}, serving_report.csv and plots/serving_scatter.png")
     except ValueError as exc:  # MissingData: nothing compared
         print(f"\nwrote {args.out / 'serving.csv'} and serving_report.csv (no figure: {exc})")
+
+
+def _run_cv(args: argparse.Namespace, only: list[str] | None) -> int:
+    """``cases --suite serving --cv BY``: held-out errors by leaving each group out in turn."""
+    from calibrate.serving_cases import load_suite, serving_case_names
+    from calibrate.serving_cv import cross_validate, cv_report, make_folds
+
+    if args.suite != "serving":
+        raise UsageError(f"--cv {args.cv}: needs --suite serving, got --suite {args.suite}")
+    for flag, value in (("--folds", args.folds), ("--iterations", args.iterations), ("--jobs", args.jobs)):
+        if value is not None and value < (2 if flag == "--folds" else 1):
+            raise UsageError(f"{flag} {value}: must be >= {2 if flag == '--folds' else 1}")
+    unknown = [n for n in only or [] if n not in serving_case_names()]
+    if unknown:
+        raise UsageError(f"--only: unknown serving case {unknown[0]!r}; see scenarios/cases/serving/")
+    cases = [c for c in load_suite(only) if not c.not_modelled]
+    folds = make_folds(cases, args.cv, args.folds)
+    if len(folds) < 2:
+        raise UsageError(f"--cv {args.cv}: the cases form one group; cross-validation needs two or more")
+    check_out_folder(args.out, "cases")
+    mark_results(args.out, "cases", files=["cv.csv", "cv_report.csv", "cv_params.csv"], trees=[])
+    started = time.perf_counter()
+    with Bar(len(folds), f"cv by {args.cv}", "fold", hidden=args.no_progress) as bar:
+
+        def on_fold(i: int, groups: list[str], fit) -> None:
+            bar.note(f"fold {i}: {','.join(groups)[:40]} (fit loss {fit.loss:.3f})")
+            bar.advance()
+
+        rows, params = cross_validate(args.cv, args.folds, args.iterations, args.jobs, on_fold, only)
+    report = cv_report(rows, {c.name for c in cases if c.offloaded})
+    rows.to_csv(args.out / "cv.csv", index=False)
+    report.to_csv(args.out / "cv_report.csv", index=False)
+    params.to_csv(args.out / "cv_params.csv", index=False)
+    wall = time.perf_counter() - started
+    print(f"\nleave-one-{args.cv}-out over {len(folds)} folds ({wall:.0f} s wall): every figure is HELD OUT")
+    print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    flagged = params[params["at_bound"]].groupby("parameter")["fold"].apply(list)
+    for name, in_folds in flagged.items():
+        print(f"  at a bound: {name} in folds {in_folds}")
+    print(f"\nwrote {args.out / 'cv.csv'}, cv_report.csv and cv_params.csv")
+    return 0
 
 
 def format_cases(table) -> str:

@@ -50,7 +50,7 @@ def test_engine_values_go_only_on_their_engines_cases():
 
 
 def test_fitted_engines_have_fit_cases_and_the_start_is_within_bounds():
-    fit_engines = {sc.engine_card(c.engine) for c in sc.load_suite(sets=("fit",)) if not c.not_modelled}
+    fit_engines = {sc.engine_card(c.engine) for c in sc.load_suite() if not c.not_modelled}
     assert set(sf.ENGINE_FIT_PARAMETERS) <= fit_engines  # an engine without fit cases is not fitted
     start = sf.shipped_start()
     assert start.keys() == sf.PARAMETERS.keys()
