@@ -10,8 +10,8 @@ folds largest first, each to the fold with the fewest cases (deterministic), whi
 leave-one-group-out: a stricter test. A value no training case informs (a GPU architecture or engine line only the
 left-out group has) stays at the prior: the held-out error then shows what an unfitted card or engine gets.
 
-Every left-out row carries its fold and group; :func:`cv_report` gives, per metric group, MAPE, mean signed error
-and the worst case, over every fold's held-out rows.
+Every left-out row carries its fold and left-out group (``cv_group``); :func:`cv_report` gives, per metric group,
+MAPE, mean signed error and the worst case, over every fold's held-out rows.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ def cross_validate(
 
     Returns:
         (rows, params): the held-out rows of every fold (:data:`SERVING_COLUMNS
-        <calibrate.serving_cases.SERVING_COLUMNS>` plus ``fold`` and ``group``), and one row per fold and fitted
-        value (fold, groups, parameter, value, at_bound, uninformed, fit_loss).
+        <calibrate.serving_cases.SERVING_COLUMNS>` plus ``fold`` and ``cv_group``, the left-out group), and one row
+        per fold and fitted value (fold, groups, parameter, value, at_bound, uninformed, fit_loss).
 
     Raises:
         ValueError: an unknown ``by``, or fewer than two groups.
@@ -121,7 +121,9 @@ def cross_validate(
         kept = [c for c in cases if group_of(c, by) not in groups]
         fit = fit_serving(iterations, jobs, cases=kept)
         for row in suite_rows_for(left, fit.params, jobs):
-            held_rows.append({**row, "fold": i, "group": group_of(next(c for c in left if c.name == row["case"]), by)})
+            held_rows.append(
+                {**row, "fold": i, "cv_group": group_of(next(c for c in left if c.name == row["case"]), by)}
+            )
         for name, value in fit.params.items():
             param_rows.append({
                 "fold": i, "groups": ",".join(groups), "parameter": name, "value": value,
@@ -131,7 +133,7 @@ def cross_validate(
             on_fold(i, groups, fit)
     rows = suite_table(held_rows)
     rows["fold"] = [r["fold"] for r in held_rows]
-    rows["group"] = [r["group"] for r in held_rows]
+    rows["cv_group"] = [r["cv_group"] for r in held_rows]
     return rows, pd.DataFrame(param_rows)
 
 

@@ -35,7 +35,7 @@ FIT_PARAMETERS: dict[str, tuple[float, float, bool]] = {
     "hbm_half_bytes": (1e4, 6.4e7, True),  # 10 KB .. 64 MB: a kernel reading H bytes runs at half of the above
     "attn_efficiency": (0.3, 1.0, False),  # decode attention relative to a large GEMM's weight read
     "attn_half_tokens": (1.0, 16384.0, True),  # context per request at which attention reaches half of it
-    "attn_half_tiles": (1.0, 4096.0, True),  # split-KV work tiles at which decode attention fills half the GPU
+    "attn_half_tiles": (0.01, 32.0, True),  # split-KV work tiles per SM at which decode attention fills half the GPU
     "attn_fp8_efficiency": (0.3, 1.0, False),  # FP8-KV decode attention relative to BF16 (dequantisation)
     "moe_half_bytes": (1e4, 1e9, True),  # bytes at which one expert's grouped GEMM reaches half the HBM roofline
     "moe_layer_us": (0.5, 500.0, True),  # routing, top-k and token permutation of one MoE layer
@@ -97,7 +97,7 @@ PARAMETERS: dict[str, tuple[float, float, bool]] = {
 # fold of a cross-validation; never a fitted value.
 PRIOR: dict[str, float] = {
     "hbm_efficiency": 0.8, "hbm_half_bytes": 1e6, "attn_efficiency": 0.8, "attn_half_tokens": 64.0,
-    "attn_half_tiles": 64.0, "attn_fp8_efficiency": 0.8, "moe_half_bytes": 2e6, "moe_layer_us": 20.0,
+    "attn_half_tiles": 0.5, "attn_fp8_efficiency": 0.8, "moe_half_bytes": 2e6, "moe_layer_us": 20.0,
     "prefill_mfu": 0.5, "fp8_mfu": 0.5, "attn_mfu": 0.5, "prefill_act_passes": 8.0,
     "decode_step_overhead_us": 1000.0, "decode_request_overhead_us": 10.0, "allreduce_call_us": 20.0,
     "step_serial_us": 1000.0, "request_serial_us": 10.0, "request_overlapped_us": 10.0,
@@ -154,7 +154,8 @@ def case_key(case: ServingCase) -> CaseKey:
     return CaseKey(
         case.name, engine_card(case.engine), str(hw.get("arch", "other")), bool(model.get("num_experts")),
         s.kv_dtype == "fp8", s.weight_dtype == "fp8" and hw.get("fp8_tflops") is not None, s.tp_size > 1,
-        engine.get("step_serial_us") is not None, engine.get("request_serial_us") is not None,
+        *(engine.get(f) is not None or f in ENGINE_FIT_PARAMETERS.get(engine_card(case.engine), {})
+          for f in ("step_serial_us", "request_serial_us")),
     )  # fmt: skip
 
 

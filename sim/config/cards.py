@@ -45,7 +45,7 @@ class ModelSpec(Spec):
     q_lora_rank: Annotated[int, Field(ge=0)] = 0
     qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
     v_head_dim: Annotated[int, Field(ge=0)] = 0
-    mla_cache: bool = True  # the engine caches the latent (its card's mla_cache); False: per-head K and V
+    mla_cache: bool = True  # the engine caches the latent (its card's mla_cache); False: padded per-head K and V
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
@@ -74,6 +74,13 @@ class ModelSpec(Spec):
         return self.kv_lora_rank > 0
 
     @property
+    def mla_padded_head_dim(self) -> int:
+        """An engine that expands MLA (``mla_cache`` false) stores per-head K and V padded to the next power of two
+        of the larger head dimension for its attention kernel (DeepSeek: qk 192, v 128 → 256; vLLM 0.5's
+        deepseek_v2)."""
+        return 1 << (max(self.head_dim, self.v_head_dim) - 1).bit_length()
+
+    @property
     def dtype_bytes(self) -> int:
         """Bytes of one weight."""
         return DTYPE_BYTES[self.dtype]
@@ -98,9 +105,9 @@ class ModelSpec(Spec):
         kv_lora_rank + qk_rope_head_dim elements (DeepSeek-V3: 576 × 2 B), whatever the heads or tensor parallelism."""
         if self.is_mla:
             per_token = self.kv_lora_rank + self.qk_rope_head_dim
-            return (per_token if self.mla_cache else self.num_heads * (self.head_dim + self.v_head_dim)) * (
-                self.kv_dtype_bytes
-            )
+            return (
+                per_token if self.mla_cache else 2 * self.num_heads * self.mla_padded_head_dim
+            ) * self.kv_dtype_bytes
         return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
@@ -230,8 +237,8 @@ class HardwareSpec(Spec):
     attn_half_tokens: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     # Kernel physics (sim/step/compute.py): the bytes at which one expert's share of a grouped GEMM reaches half of
-    # the HBM roofline, the fixed cost of an MoE layer's routing and permutation, the split-KV work tiles at which
-    # decode attention fills the GPU to half, and FP8-KV attention's share relative to BF16 (dequantisation).
+    # the HBM roofline, the fixed cost of an MoE layer's routing and permutation, the split-KV work tiles per SM at
+    # which decode attention fills the GPU to half, and FP8-KV attention's share relative to BF16 (dequantisation).
     moe_half_bytes: Annotated[float, Field(ge=0, le=1e10)] = 0.0
     moe_layer_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
     attn_half_tiles: Annotated[float, Field(ge=0, le=1e6)] = 0.0

@@ -120,7 +120,7 @@ class EngineSpec(Spec):
     preempt_victim: Literal["fewest_decoded", "newest"] = "fewest_decoded"
     prefix_cache: bool = True
     # MLA models (DeepSeek-V2/V3): the engine caches the compressed latent; False: it expands MLA into per-head K
-    # and V (vLLM before 0.7.1), whose KV is heads × (qk + v head dims) per token and layer.
+    # and V padded for its kernel (vLLM before 0.7.1: 2 × heads × 256 per token and layer; ModelSpec).
     mla_cache: bool = True
     cuda_graph_sizes: list[list[PositiveInt]] = []  # [n] or [start, stop, step] (stop included); [] = none
     # The largest captured decode batch on the scenario's GPU (None: its tier's; the loader writes it).

@@ -26,8 +26,8 @@ width (sim/config/parallel.py); expert parallelism is not modelled.
 Decode attention: a request reads its KV (MLA: one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per
 token and layer, sim/config/cards.py) at ``η_attn`` of the roofline, plus ``attn_half_tokens`` h_attn tokens' worth
 per request (short contexts cannot fill a kernel); FP8 KV at ``attn_fp8_efficiency`` η_kv of that (dequantisation);
-and split-KV work tiles fill the GPU: ``fill = tiles / (tiles + attn_half_tiles)``, tiles = B · KV heads (1 for
-MLA) · (⌊T / (B · 256)⌋ + 1) — flash-decoding splits a request's KV into 256-token chunks (:data:`ATTN_SPLIT_TOKENS`),
+and split-KV work tiles fill the GPU: ``fill = tiles / (tiles + attn_half_tiles · sm_count)``, tiles = B · KV heads
+(1 for MLA) · ⌈T / (B · 256)⌉ — flash-decoding splits a request's KV into 256-token chunks (:data:`ATTN_SPLIT_TOKENS`),
 so a small batch with few KV heads per GPU (a 70B model at TP8: one) fills little of it. The FLOPs side holds for
 large GQA groups and MLA (absorbed: ``heads · (4 · kv_lora_rank + 2 · qk_rope_head_dim)`` per KV token; else
 ``4 · heads · head_dim``). GEMMs run at the weights' dtype peak times its efficiency (``fp8_tflops`` × ``fp8_mfu``
@@ -124,7 +124,7 @@ class ComputeModel:
         self.attn_bandwidth_bps = self.bandwidth_bps * hw.attn_efficiency
         self.attn_half_tokens = hw.attn_half_tokens
         self.expert_bandwidth_bps = self.bandwidth_bps * hw.moe_efficiency
-        self.attn_half_tiles = hw.attn_half_tiles
+        self.attn_half_tiles = hw.attn_half_tiles * hw.sm_count  # per SM on the card
         latent = model.is_mla and model.mla_cache
         self.kv_heads = 1 if latent else model.num_kv_heads  # split-KV tiles per request and split
         if (model.kv_dtype or model.dtype) == "fp8":
@@ -192,6 +192,8 @@ class ComputeModel:
         the tokens — its weight read (plus ``moe_half_bytes``) at the HBM roofline, or its FLOPs at the GEMM peak,
         whichever is longer — plus the layer's routing and permutation (``moe_layer_us``)."""
         touched = self.experts_touched(tokens)
+        if not touched:
+            return 0.0
         per_expert_flops = 2 * tokens * self.num_active_experts / touched * self.expert_params
         one_s = max(self.expert_read_bytes / self.expert_bandwidth_bps, per_expert_flops / self.flops_per_s)
         return touched * one_s + self.moe_layer_s
@@ -229,10 +231,12 @@ class ComputeModel:
             2 * padded * (self.active_params_layer - self.moe_share * self.num_active_experts * self.expert_params)
         )
         gemm_s = max(self.shared_read_bytes / self.bandwidth_bps, shared_flops / self.flops_per_s)
-        if self.num_experts:
+        if self.num_experts and batch_size:  # an empty micro-batch group reads no expert
             gemm_s += self.moe_share * self.experts_s(padded)
         requests = max(batch_size, 1)  # an empty micro-batch group reads nothing
-        splits = attended_tokens // (requests * ATTN_SPLIT_TOKENS) + 1  # split-KV chunks of a mean request
+        chunk = requests * ATTN_SPLIT_TOKENS
+        splits = (attended_tokens + chunk - 1) // chunk  # split-KV chunks of a mean request
+        splits = np.maximum(splits, 1) if isinstance(splits, np.ndarray) else max(splits, 1)
         tiles = requests * self.kv_heads * splits
         fill = tiles / (tiles + self.attn_half_tiles)  # the share of the GPU the work tiles fill
         memory_s = (attended_tokens + batch_size * self.attn_half_tokens) * (

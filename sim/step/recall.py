@@ -92,7 +92,8 @@ class RecallModel:
         self.window_tokens = policy.sink_tokens + policy.recent_tokens
         self.fixed_miss_frac = policy.miss_frac
         self.block_bytes_layer = policy.block_size * model.kv_bytes_per_token_per_layer
-        self.heads = model.num_kv_heads if policy.selection == "headwise" else 1
+        latent = model.is_mla and model.mla_cache  # one latent shared by every head: no per-head fragments
+        self.heads = model.num_kv_heads if policy.selection == "headwise" and not latent else 1
         self.fragment_bytes = self.block_bytes_layer // self.heads
         depth = np.linspace(0.0, 1.0, L) if L > 1 else np.zeros(1)
         knots = np.array(stats.change_mean_by_depth, dtype=float)

@@ -30,8 +30,8 @@ def test_deepseek_v3_shape_from_its_config():
     active = m.num_layers * m.active_params_per_layer + m.embedding_params
     assert total == pytest.approx(671e9, rel=0.02)
     assert active == pytest.approx(37e9, rel=0.06)
-    assert m.kv_bytes_per_token_per_layer == 576 * 1  # FP8 weights, KV in the weights' dtype unless set
-    assert _model("deepseek-v3", kv_dtype="bf16").kv_bytes_per_token == 61 * 576 * 2
+    assert m.kv_bytes_per_token == 61 * 576 * 2  # FP8 weights, a BF16 latent cache (the card's kv_dtype)
+    assert _model("deepseek-v3", kv_dtype="fp8").kv_bytes_per_token_per_layer == 576
 
 
 def test_mla_latent_is_not_split_by_tensor_parallelism():
@@ -40,13 +40,13 @@ def test_mla_latent_is_not_split_by_tensor_parallelism():
 
 
 def test_an_engine_without_latent_caching_stores_per_head_keys_and_values():
-    """vLLM's 0.5 line ran DeepSeek MLA as per-head K (qk 192) and V (128): 16 heads × 320 × 2 B per layer for
-    DeepSeek-V2-Lite; a newer engine caches the 576-element latent."""
+    """vLLM's 0.5 line ran DeepSeek MLA as per-head K (qk 192) and V (128), both padded to 256 for its kernel:
+    2 × 16 heads × 256 × 2 B per layer for DeepSeek-V2-Lite; a newer engine caches the 576-element latent."""
     sets = ["model=deepseek-v2-lite", "hardware=a100-80gb", "serving.prefill=colocated"]
     old = load_scenario("default", [*sets, "engine=vllm-0.6.3"]).model
     new = load_scenario("default", [*sets, "engine=vllm-0.11.0"]).model
     assert not old.mla_cache and new.mla_cache
-    assert old.kv_bytes_per_token_per_layer == 16 * 320 * 2
+    assert old.kv_bytes_per_token_per_layer == 2 * 16 * 256 * 2
     assert new.kv_bytes_per_token_per_layer == 576 * 2
     forced = load_scenario("default", [*sets, "engine=vllm-0.6.3", "model.mla_cache=true"]).model
     assert forced.mla_cache  # a --set wins over the engine
@@ -91,12 +91,12 @@ def test_leading_dense_layers_and_shared_experts_count_in_every_token_read():
 def test_split_kv_fills_the_gpu_with_context_and_batch():
     """A 70B model at TP8 holds one KV head per GPU: one short request fills little of the GPU, many long ones all."""
     m = shard_model(_model("llama-3.1-70b"), 8)
-    half, none = ComputeModel(m, _card(attn_half_tiles=64.0)), ComputeModel(m, _card())
+    half, none = ComputeModel(m, _card(attn_half_tiles=0.5)), ComputeModel(m, _card())  # 66 tiles on 132 SMs
 
     def attn(c: ComputeModel, b: int, t: int) -> float:  # the layer less its GEMMs (which do not depend on t)
         return c.decode_layer_s(b, t) - c.decode_layer_s(b, 0)
 
-    assert attn(half, 1, 512) / attn(none, 1, 512) > 10  # 3 tiles of 67 at half: ~22x slower
+    assert attn(half, 1, 512) / attn(none, 1, 512) > 10  # 2 tiles against 66 at half: ~34x slower
     assert attn(half, 64, 64 * 131072) / attn(none, 64, 64 * 131072) == pytest.approx(1.0, abs=0.01)
 
 
@@ -116,3 +116,11 @@ def test_mla_decode_attention_is_compute_heavier_than_gqa():
     compute = ComputeModel(m, _card())
     assert compute.attn_flops_per_token == 128 * (4 * 512 + 2 * 64)
     assert compute.attn_flops_per_token / m.kv_bytes_per_token_per_layer > 200
+
+
+def test_an_empty_micro_batch_group_costs_no_expert():
+    from sim.config import DEFAULT_ENGINE
+
+    compute = ComputeModel(_model("qwen3-30b-a3b"), _card(moe_layer_us=25.0), engine=DEFAULT_ENGINE)
+    assert compute.experts_s(0) == 0.0
+    assert compute.decode_layer_s(0, 0) < compute.decode_layer_s(1, 1)
