@@ -87,9 +87,10 @@ class Violation:
 
 
 def min_layer_s(compute: ComputeModel) -> float:
-    """The least time of one decode layer: one request attending one token (seconds; the compute model's time
-    grows with both, so no step has a shorter layer)."""
-    return compute.decode_layer_s(1, 1)
+    """The least time of one decode layer (seconds): one request's weights, experts and all-reduces, without
+    attention (:meth:`ComputeModel.gemm_layer_s`, which grows with the batch); with a measured profile, one request
+    attending one token (its linear form grows with both)."""
+    return compute.decode_layer_s(1, 1) if compute.profile is not None else compute.gemm_layer_s(1)
 
 
 def min_step_s(compute: ComputeModel) -> float:

@@ -226,13 +226,7 @@ class ComputeModel:
         if self.profile is not None:
             base, per_request, per_token = self._layer
             return (base + per_request * batch_size) + per_token * attended_tokens
-        padded = self.padded_batch(batch_size)
-        shared_flops = (
-            2 * padded * (self.active_params_layer - self.moe_share * self.num_active_experts * self.expert_params)
-        )
-        gemm_s = max(self.shared_read_bytes / self.bandwidth_bps, shared_flops / self.flops_per_s)
-        if self.num_experts and batch_size:  # an empty micro-batch group reads no expert
-            gemm_s += self.moe_share * self.experts_s(padded)
+        gemm_s = self._gemm_s(batch_size)
         requests = max(batch_size, 1)  # an empty micro-batch group reads nothing
         chunk = requests * ATTN_SPLIT_TOKENS
         splits = (attended_tokens + chunk - 1) // chunk  # split-KV chunks of a mean request
@@ -247,6 +241,22 @@ class ComputeModel:
         if self.tp_size > 1:
             return (gemm_s + attn_s) + self.allreduce_layer_s(batch_size)
         return gemm_s + attn_s
+
+    def _gemm_s(self, batch_size: int) -> float:
+        padded = self.padded_batch(batch_size)
+        shared_flops = (
+            2 * padded * (self.active_params_layer - self.moe_share * self.num_active_experts * self.expert_params)
+        )
+        gemm_s = max(self.shared_read_bytes / self.bandwidth_bps, shared_flops / self.flops_per_s)
+        if self.num_experts and batch_size:  # an empty micro-batch group reads no expert
+            gemm_s += self.moe_share * self.experts_s(padded)
+        return gemm_s
+
+    def gemm_layer_s(self, batch_size: int) -> float:
+        """A decode layer without its attention (weights, experts, all-reduces), seconds: it grows with the batch,
+        so its value at one request bounds every step's layer from below (sim/metrics/physics.py); attention does
+        not (split-KV fill makes a larger batch's attention faster per token)."""
+        return self._gemm_s(batch_size) + (self.allreduce_layer_s(batch_size) if self.tp_size > 1 else 0.0)
 
     def decode_head_s(self, batch_size: int) -> float:
         """LM head, sampling and the per-request host work of one decode step (after the last layer), seconds."""
