@@ -138,9 +138,9 @@ def cross_validate(
 
 
 def cv_report(rows: pd.DataFrame, offloaded: set[str] | None = None) -> pd.DataFrame:
-    """Per metric group (``moe`` and ``long_context`` added for the MoE and ≥ 32K cases' per-token rows, ``offloaded``
-    for offloaded cases' rows), over every fold's held-out compared rows: compared, MAPE (%), mean signed error (%),
-    the worst case and its error."""
+    """Per metric group (``per_token_moe`` and ``per_token_32k`` added for the MoE and ≥ 32K-prompt cases' per-token
+    rows, ``any_32k`` for every non-tail row of the ≥ 32K cases, ``offloaded`` for offloaded cases' rows), over
+    every fold's held-out compared rows: compared, MAPE (%), mean signed error (%), the worst case and its error."""
     t = rows[(rows["verdict"] == "compared") & np.isfinite(rows["error_pct"])].copy()
     t.loc[t["case"].isin(offloaded or set()), "group"] = "offloaded"
     extra = []
@@ -153,6 +153,9 @@ def cv_report(rows: pd.DataFrame, offloaded: set[str] | None = None) -> pd.DataF
         part = per_token[per_token["case"].isin(names_in)].copy()
         part["group"] = label
         extra.append(part)
+    whole = t[t["case"].isin(long) & ~t["group"].str.endswith("_tail")].copy()  # ≥ 32K runs mostly time a whole run
+    whole["group"] = "any_32k"
+    extra.append(whole)
     t = pd.concat([t, *extra], ignore_index=True)
     out = []
     for group, part in t.groupby("group", sort=True):

@@ -166,7 +166,8 @@ def affects(name: str, key: CaseKey) -> bool:
     base, _, arch = name.partition("@")
     rules = {
         "moe_half_bytes": key.moe, "moe_layer_us": key.moe, "attn_fp8_efficiency": key.fp8_kv,
-        "fp8_mfu": key.fp8_gemm, "allreduce_call_us": key.tp, "decode_step_overhead_us": not key.own_step,
+        "fp8_mfu": key.fp8_gemm, "prefill_mfu": not key.fp8_gemm,  # FP8 weights' GEMMs take fp8_mfu alone
+        "allreduce_call_us": key.tp, "decode_step_overhead_us": not key.own_step,
         "decode_request_overhead_us": not key.own_request,
     }  # fmt: skip
     return (not arch or arch == key.arch) and rules.get(base, True)

@@ -101,6 +101,7 @@ def test_a_value_reaches_only_the_cases_it_can_change():
     )
     assert sf.affects("moe_half_bytes", moe) and not sf.affects("moe_half_bytes", dense_fp8)
     assert sf.affects("prefill_mfu@ampere", moe) and not sf.affects("prefill_mfu@ampere", dense_fp8)
+    assert not sf.affects("prefill_mfu@ada", dense_fp8)  # FP8 weights: their GEMMs take fp8_mfu, not prefill_mfu
     assert sf.affects("fp8_mfu", dense_fp8) and not sf.affects("fp8_mfu", moe)
     assert sf.affects("engine.trtllm-0.5.step_serial_us", dense_fp8)
     assert not sf.affects("engine.trtllm-0.5.step_serial_us", moe)
@@ -165,3 +166,42 @@ def test_the_report_adds_moe_and_long_context_groups():
     assert report.loc["per_token", "mape_pct"] == 20.0 and report.loc["per_token", "mean_signed_pct"] == -20.0
     assert report.loc["per_token_moe", "cases"] == 1 and "per_token_32k" not in report.index
     assert report.loc["throughput", "mape_pct"] == 10.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--cv", "source"], "needs --suite serving"),
+        (["--suite", "serving", "--cv", "card", "--folds", "1"], "--folds 1: must be >= 2"),
+        (["--suite", "serving", "--cv", "card", "--iterations", "0"], "--iterations 0: must be >= 1"),
+        (["--suite", "serving", "--cv", "card", "--only", CHEAP[0]], "cross-validation needs two or more"),
+        (["--suite", "serving", "--cv", "card", "--only", "nope"], "unknown serving case 'nope'"),
+    ],
+)
+def test_cv_refuses_what_it_cannot_do_in_one_line(argv, words, tmp_path, capsys):
+    from pulseinfer.cli import main
+
+    assert main(["cases", *argv, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+
+
+def test_cv_writes_its_tables(tmp_path, monkeypatch):
+    """Two cheap cases on two cards, each fold's fit one evaluation: the folder holds every held-out row."""
+    from pulseinfer.cli import main
+
+    out = tmp_path / "o"
+    argv = ["cases", "--suite", "serving", "--cv", "card", "--only", ",".join(CHEAP[:2]), "--iterations", "1"]
+    assert main([*argv, "--jobs", "1", "--out", str(out), "--no-progress"]) == 0
+    rows = pd.read_csv(out / "cv.csv")
+    assert set(rows["case"]) == set(CHEAP[:2]) and set(rows["fold"]) == {0, 1}
+    assert set(rows["cv_group"]) == {"l40s", "a100-80gb"} and set(rows["group"]) <= {"per_token", "ttft", "throughput"}
+    assert {"group", "mape_pct", "worst_case"} <= set(pd.read_csv(out / "cv_report.csv").columns)
+    assert set(pd.read_csv(out / "cv_params.csv")["fold"]) == {0, 1}
+
+
+def test_calibrate_serving_refuses_a_bad_iteration_count(tmp_path, capsys):
+    from pulseinfer.cli import main
+
+    assert main(["calibrate", "serving", "--iterations", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "--iterations 0: must be >= 1" in capsys.readouterr().err
