@@ -27,8 +27,11 @@ def _hand_model(scn):
 
     def layer_s(attended: int) -> float:  # batch of one: 4 weight GEMMs, then attention over one request
         gemm = max((layer_params * 2 + 4 * half) / bw, 2 * layer_params / flops)
+        tiles = m.num_kv_heads * math.ceil(attended / 256)  # split-KV: one tile per 256-token chunk and KV head
+        fill = tiles / (tiles + hw.attn_half_tiles * hw.sm_count)
         attn = max(
-            kv_layer * (attended + hw.attn_half_tokens) / (bw * hw.attn_efficiency), 4 * q * attended / attn_flops
+            kv_layer * (attended + hw.attn_half_tokens) / (bw * hw.attn_efficiency * fill),
+            4 * q * attended / attn_flops,
         )
         return gemm + attn
 

@@ -51,8 +51,10 @@ def test_llama70b_tp4_h100_decode_layer_by_hand():
     flops = hw.bf16_tflops * 1e12 * hw.prefill_mfu
     half = hw.hbm_half_bytes  # each of the 4 weight GEMMs reads this much more (sim/step/compute.py)
     gemm = max((layer_params * 2 + 4 * half) / bw, 2 * batch * layer_params / flops)
+    tiles = batch * (8 // tp) * -(-attended // (batch * 256))  # split-KV tiles: 256-token chunks per KV head
+    fill = tiles / (tiles + hw.attn_half_tiles * hw.sm_count)
     attn = max(
-        kv_per_token_layer * (attended + batch * hw.attn_half_tokens) / (bw * hw.attn_efficiency),
+        kv_per_token_layer * (attended + batch * hw.attn_half_tokens) / (bw * hw.attn_efficiency * fill),
         4 * (64 // tp) * hd * attended / flops,
     )
     roofline = gemm + attn

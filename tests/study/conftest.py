@@ -67,7 +67,7 @@ def tiny_config(tmp_path: Path):
         return SearchConfig(
             scenario="default",
             space=parse_space(TINY_SPACE),
-            slo=TailSlo(tpot_p99_s=0.08),
+            slo=TailSlo(tpot_p99_s=2.0),  # the tiny workload's colocated 12K prefills hold decode ~1.4 s at p99
             storage=str(storage or tmp_path / f"{name}.journal"),
             study_name=name,
             objective=objective,

@@ -164,7 +164,7 @@ def test_least_tokens_routes_around_a_long_request_in_simulation(tiny_overrides)
 def test_more_replicas_never_breach_an_slo_that_fewer_met(constant_overrides):
     scenario = _scenario(constant_overrides, "workload.synthetic.rate_per_s=20", "workload.synthetic.num_requests=60")
     workload = load_workload(scenario)
-    slo = TailSlo(ttft_p99_s=1.0)
+    slo = TailSlo(ttft_p99_s=2.0)  # met from 4 replicas on (p99 TTFT 13.4, 5.2, 2.5, 1.6, 1.0 s with 1-5, round robin)
     for router in ("round_robin", "least_tokens"):
         met = [slo.met(simulate_cluster(scenario, workload, "sglang", n, router).summary) for n in range(1, 6)]
         assert met[-1], met
