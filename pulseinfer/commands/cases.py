@@ -118,9 +118,9 @@ def _run_serving(args: argparse.Namespace, only: list[str] | None) -> None:
     shown["error_pct"] = shown["error_pct"].map(lambda v: "-" if v != v else f"{v:+.1f}")
     print(shown.to_string(index=False))
     print(
-        "\nper set and metric group (not modelled, by-construction and cache-hit rows left out; fit: the cases the "
-        "compute model was fitted on, check: never fitted, saturation: never fitted, all at once or a closed loop; "
-        "*_tail: medians and p99s):"
+        "\nper set and metric group, IN-SAMPLE: the shipped compute model was fitted on every modelled case (not "
+        "modelled, by-construction and cache-hit rows left out; saturation: all at once or a closed loop; *_tail: "
+        "medians and p99s; held-out figures: --cv source):"
     )
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     try:
