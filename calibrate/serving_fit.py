@@ -227,10 +227,6 @@ def case_residuals(rows: list[dict]) -> np.ndarray:
     return np.asarray(logs, float) / math.sqrt(max(len(logs), 1))
 
 
-def _case_rows(case: ServingCase, overrides: list[str]) -> list[dict]:
-    return run_serving_case(case, overrides)
-
-
 class CaseRunner:
     """Simulates cases with fitted values, each case once per distinct set of values that can affect it."""
 
@@ -256,24 +252,14 @@ class CaseRunner:
                 key = self.keys[i]
                 todo[ck] = (case, [] if key is None else overrides_for(params, key.engine, key.arch))
         if self.pool is None:
-            results = [_case_rows(*args) for args in todo.values()]
+            results = [run_serving_case(*args) for args in todo.values()]
         else:
-            futures = [self.pool.submit(_case_rows, *args) for args in todo.values()]
+            futures = [self.pool.submit(run_serving_case, *args) for args in todo.values()]
             self.pool.wait(futures)
             results = [f.result() for f in futures]
         self._cache.update(zip(todo, results, strict=True))
         self.simulations += len(todo)
         return [self._cache[self._cache_key(i, params)] for i in range(len(self.cases))]
-
-
-def evaluate(
-    cases: list[ServingCase], params: dict[str, float], pool: WorkerPool | None = None
-) -> tuple[float, list[dict]]:
-    """Simulate ``cases`` with ``params``: (mean case loss, every row). Cases not modelled add rows, no loss."""
-    per_case = CaseRunner(cases, pool).rows(params)
-    losses = [case_loss(rows) for c, rows in zip(cases, per_case, strict=True) if not c.not_modelled]
-    rows = [row for rows in per_case for row in rows]
-    return (sum(losses) / len(losses) if losses else math.nan), rows
 
 
 def _to_unit(name: str, value: float) -> float:
@@ -368,7 +354,7 @@ def sensitivity(
     params: dict[str, float], cases: list[ServingCase] | None = None, jobs: int = 1, step: float = 0.1
 ) -> list[dict]:
     """How much each fitted value matters: the mean case loss with the value ×(1 − ``step``) and ×(1 + ``step``)
-    (clipped to its bounds), each case's cases re-simulated only where the value can reach them. One row per name:
+    (clipped to its bounds), re-simulating only the cases the value can reach. One row per name:
     name, value, bounds, loss at the value, at the lower and upper move, and the larger change."""
     cases = [c for c in (cases if cases is not None else load_suite()) if not c.not_modelled]
     rows = []
@@ -435,6 +421,6 @@ def suite_rows_for(cases: list[ServingCase], params: dict[str, float] | None = N
 
 
 __all__ = ["ARCHES", "ENGINE_FIT_PARAMETERS", "FIT_PARAMETERS", "PARAMETERS", "PRIOR", "CaseRunner", "FitResult",
-           "affects", "card_params", "case_key", "case_loss", "engine_params", "evaluate", "fit_serving",
+           "affects", "card_params", "case_key", "case_loss", "engine_params", "fit_serving",
            "overrides_for", "prior_start", "sensitivity", "shipped_start", "suite_rows", "suite_rows_for",
            "suite_table"]  # fmt: skip
