@@ -50,6 +50,9 @@ def _check_schema(run: MeasuredRun) -> None:
         "object",
         "float64",
         "bool",
+        "float64",
+        "object",
+        "float64",
     ]
     assert df["request_id"].tolist() == list(range(len(df)))
     assert run.num_prompts == len(df)

@@ -15,7 +15,18 @@ Formats (`fmt`), each a module with its reader:
 - `inference_perf`: inference-perf's `per_request_lifecycle_metrics.json` -> `read_inference_perf(path)`
   (`inference_perf.py`);
 - `vllm_otel_spans`: vLLM "llm_request" OpenTelemetry spans, one JSON per line -> `read_vllm_otel_spans(path)`
-  (`vllm_spans.py`).
+  (`vllm_spans.py`);
+- `vllm_requests_jsonl`: per-request vLLM server timestamps (`requests.jsonl`, with the run's resolved engine config
+  in `meta.json` beside it; LLMServingSim's `bench run`) -> `read_vllm_requests(path)` (`vllm_requests.py`);
+- `aiperf_profile_export`: NVIDIA AIPerf's per-request `profile_export.jsonl` (run settings from the
+  `profile_export_aiperf.json` beside it) -> `read_aiperf_profile_export(path, aggregate_path=None)` (`aiperf.py`);
+- `mlcommons_endpoints`: the MLCommons endpoints client's `result_summary.json`, histograms only: the rows are
+  rebuilt from them (no send times, TTFT and lengths paired by rank) -> `read_mlcommons_result_summary(path)`
+  (`mlcommons.py`).
+
+Not a per-request run: per-iteration `ForwardPassMetrics` (SGLang `--forward-pass-metrics-port`, vLLM through NVIDIA
+Dynamo) -> `read_forward_pass_metrics(path, engine=None)`, an `IterationRun` (`forward_pass.py`); tell such a file
+apart with `detect_iteration_file(path)`.
 
 `read_measured(path, fmt="auto", **kw)` dispatches (`detect_measured_format` looks at the content's keys, never
 the file name); `write_measured(run, path, fmt)` writes formats `sglang_bench_serving` and `vllm_bench_serve`.
@@ -29,9 +40,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from traces.measured import guidellm, inference_perf, sglang, vllm_bench, vllm_spans
+from traces.measured import (
+    aiperf,
+    forward_pass,
+    guidellm,
+    inference_perf,
+    mlcommons,
+    sglang,
+    vllm_bench,
+    vllm_requests,
+    vllm_spans,
+)
+from traces.measured.aiperf import read_aiperf_profile_export
+from traces.measured.forward_pass import IterationRun, read_forward_pass_metrics
 from traces.measured.guidellm import read_guidellm
 from traces.measured.inference_perf import read_inference_perf
+from traces.measured.mlcommons import read_mlcommons_result_summary
 from traces.measured.schema import (
     LOADS,
     MEASURED_COLUMNS,
@@ -43,6 +67,7 @@ from traces.measured.schema import (
 )
 from traces.measured.sglang import read_sglang_bench_serving, write_sglang_bench_serving
 from traces.measured.vllm_bench import read_vllm_bench_serve, write_vllm_bench_serve
+from traces.measured.vllm_requests import read_vllm_requests
 from traces.measured.vllm_spans import read_vllm_otel_spans
 
 MEASURED_FORMATS: tuple[str, ...] = (
@@ -51,6 +76,9 @@ MEASURED_FORMATS: tuple[str, ...] = (
     guidellm.TOOL,
     inference_perf.TOOL,
     vllm_spans.TOOL,
+    vllm_requests.TOOL,
+    aiperf.TOOL,
+    mlcommons.TOOL,
 )
 WRITABLE_FORMATS: tuple[str, ...] = (sglang.TOOL, vllm_bench.TOOL)
 
@@ -60,6 +88,9 @@ _READERS = {
     guidellm.TOOL: read_guidellm,
     inference_perf.TOOL: read_inference_perf,
     vllm_spans.TOOL: read_vllm_otel_spans,
+    vllm_requests.TOOL: read_vllm_requests,
+    aiperf.TOOL: read_aiperf_profile_export,
+    mlcommons.TOOL: read_mlcommons_result_summary,
 }
 
 
@@ -72,7 +103,11 @@ def detect_measured_format(path: str | Path) -> str:
     (`total_output_tokens_retokenized`, `mean_e2e_latency_ms`, `input_throughput`, `dataset_name`) ->
     "sglang_bench_serving"; with a vLLM-only key (`model_id`, `endpoint_type`, `failed`,
     `burstiness`, `mean_e2el_ms`, `max_concurrent_requests`) -> "vllm_bench_serve"; a span with `gen_ai.*`
-    attributes or an OTLP `resourceSpans` object -> "vllm_otel_spans".
+    attributes or an OTLP `resourceSpans` object -> "vllm_otel_spans"; a record with `input_toks`, `output_toks` and
+    vLLM's engine timestamps (`queued_ts`, `scheduled_ts`, `first_token_ts`, `last_token_ts`), or a folder holding
+    a `requests.jsonl` -> "vllm_requests_jsonl"; a record with `metadata` (an object), `metrics` and `error` ->
+    "aiperf_profile_export"; an object with `n_samples_issued`, `n_samples_completed` and `latency` ->
+    "mlcommons_endpoints".
 
     Raises:
         MeasuredFormatError: unreadable or non-JSON file, or content matching no rule (the message lists the
@@ -80,6 +115,8 @@ def detect_measured_format(path: str | Path) -> str:
     """
     desc = "a measured-run file"
     source = str(path)
+    if Path(path).is_dir() and (Path(path) / vllm_requests.REQUESTS_FILE).is_file():
+        return vllm_requests.TOOL
     documents = parse_json_documents(read_text(path, desc), source, desc)
     first = documents[0][1]
     if inference_perf.looks_like(first):
@@ -92,6 +129,12 @@ def detect_measured_format(path: str | Path) -> str:
         return vllm_bench.TOOL
     if vllm_spans.looks_like(first):
         return vllm_spans.TOOL
+    if vllm_requests.looks_like(first):
+        return vllm_requests.TOOL
+    if aiperf.looks_like(first):
+        return aiperf.TOOL
+    if mlcommons.looks_like(first):
+        return mlcommons.TOOL
     # near misses: the shape of one tool with a field missing or empty -> that tool's reader names the field
     if isinstance(first, dict) and isinstance(first.get("benchmarks"), list):
         return guidellm.TOOL
@@ -106,6 +149,19 @@ def detect_measured_format(path: str | Path) -> str:
     raise MeasuredFormatError(
         f"{source}: not a known measured-run format (found {keys}); expected one of {list(MEASURED_FORMATS)}"
     )
+
+
+def detect_iteration_file(path: str | Path) -> bool:
+    """Whether ``path`` holds per-iteration ForwardPassMetrics records (read with :func:`read_forward_pass_metrics`)
+    rather than a per-request run (:func:`read_measured`): judged by its first record's content, in any shape
+    ``forward_pass.py`` reads, never by the name.
+
+    Raises:
+        MeasuredFormatError: the file cannot be read (a file that is not JSON is not an iteration file: False).
+    """
+    if Path(path).is_dir():
+        return False
+    return forward_pass.looks_like_text(read_text(path, forward_pass.FMT_DESC))
 
 
 def read_measured(path: str | Path, fmt: str = "auto", **kwargs: Any) -> MeasuredRun:
@@ -129,6 +185,58 @@ def read_measured(path: str | Path, fmt: str = "auto", **kwargs: Any) -> Measure
     run = _READERS[name](path, **kwargs)
     _check_gap_counts(run, path, name)
     return run
+
+
+RUN_KEYWORDS = {sglang.TOOL: "run_index", vllm_bench.TOOL: "run_index", guidellm.TOOL: "benchmark_index"}
+
+
+def count_runs(path: str | Path, fmt: str = "auto") -> int:
+    """How many runs a file holds: lines of an SGLang bench_serving or ``vllm bench serve`` results file (one per
+    run appended), benchmarks of a guidellm report (one per rate of a sweep); 1 for the other formats.
+
+    Raises:
+        MeasuredFormatError: as :func:`detect_measured_format`.
+    """
+    name = detect_measured_format(path) if fmt == "auto" else fmt
+    if name not in RUN_KEYWORDS:
+        return 1
+    documents = parse_json_documents(read_text(path, "a measured-run file"), str(path), "a measured-run file")
+    if name == guidellm.TOOL:
+        benchmarks = documents[0][1].get("benchmarks") if isinstance(documents[0][1], dict) else None
+        return len(benchmarks) if isinstance(benchmarks, list) else 1
+    return len(documents)
+
+
+def read_measured_runs(path: str | Path, fmt: str = "auto", run: int | str | None = None) -> list[MeasuredRun]:
+    """The runs of a file to compare: ``run`` None, the reader's default (the last run appended; guidellm's first
+    benchmark); an int, that run (0 the first, -1 the last); ``"all"``, every run in file order. A run read out of
+    several has ``#N`` (0-based) after its ``source_path``.
+
+    Raises:
+        MeasuredFormatError: a bad file or run (out of range, naming how many the file holds), or ``run`` not an
+            int, None or "all".
+    """
+    name = detect_measured_format(path) if fmt == "auto" else fmt
+    if run is None:
+        return [read_measured(path, name)]
+    count = count_runs(path, name)
+    if run == "all":
+        indices = list(range(count))
+    elif isinstance(run, int) and not isinstance(run, bool) and -count <= run < count:
+        indices = [run % count]
+    elif isinstance(run, int) and not isinstance(run, bool):
+        raise MeasuredFormatError(f"{path}: run {run} out of range; the file holds {count} run(s) (0 to {count - 1})")
+    else:
+        raise MeasuredFormatError(f"{path}: run {run!r}: expected a run number or 'all'")
+    if name not in RUN_KEYWORDS:
+        return [read_measured(path, name)]
+    runs = []
+    for index in indices:
+        one = read_measured(path, name, **{RUN_KEYWORDS[name]: index})
+        if count > 1:
+            one.source_path = f"{one.source_path}#{index}"
+        runs.append(one)
+    return runs
 
 
 def _check_gap_counts(run: MeasuredRun, path: str | Path, name: str) -> None:
@@ -163,6 +271,7 @@ def write_measured(run: MeasuredRun, path: str | Path, fmt: str) -> Path:
 
 
 __all__ = [
+    "IterationRun",
     "LOADS",
     "MEASURED_COLUMNS",
     "MEASURED_FORMATS",
@@ -170,13 +279,20 @@ __all__ = [
     "MeasuredFormatError",
     "MeasuredRun",
     "build_requests",
+    "count_runs",
+    "detect_iteration_file",
     "detect_measured_format",
+    "read_aiperf_profile_export",
     "read_guidellm",
+    "read_forward_pass_metrics",
     "read_inference_perf",
     "read_measured",
+    "read_measured_runs",
+    "read_mlcommons_result_summary",
     "read_sglang_bench_serving",
     "read_vllm_bench_serve",
     "read_vllm_otel_spans",
+    "read_vllm_requests",
     "write_measured",
     "write_sglang_bench_serving",
     "write_vllm_bench_serve",

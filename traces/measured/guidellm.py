@@ -19,7 +19,8 @@ Sources read (vllm-project/guidellm):
   `duration`, `metrics`, `requests`).
 
 Both dump `benchmarks[i].requests` as `{"successful": [...], "incomplete": [...], "errored": [...]}`. Read (per
-request, either schema): `prompt_tokens`, `output_tokens`; start = `info.timings.request_start` (legacy
+request, either schema): `prompt_tokens`, `output_tokens`, the prompt text where the stats keep it (legacy `prompt`:
+shared prefixes for the replay's prefix cache); start = `info.timings.request_start` (legacy
 `start_time`), first token = `info.timings.first_token_iteration` (legacy `first_token_time`), end =
 `info.timings.request_end` (legacy `end_time`). Derived: ttft_s = first token - start, e2e_s = end - start,
 tpot_s from them, arrival_s = start - earliest start; `success` = the request is in `successful`. guidellm keeps
@@ -105,6 +106,7 @@ def read_guidellm(path: str | Path, benchmark_index: int = 0) -> MeasuredRun:
         [r["e2e"] for r in rows],
         [None] * len(rows),
         [r["success"] for r in rows],
+        prompt_texts=[r["text"] for r in rows] if any(r["text"] is not None for r in rows) else None,
     )
     strategy = (bench.get("config") or {}).get("strategy") or (bench.get("args") or {}).get("strategy") or {}
     rate, concurrency, kind = _strategy(strategy)
@@ -173,6 +175,7 @@ def _parse_request(item: Any, name: str, index: int, success: bool, source: str)
         "ttft": ttft,
         "e2e": e2e,
         "success": success,
+        "text": item["prompt"] if isinstance(item.get("prompt"), str) else None,  # legacy stats keep the prompt
     }
 
 

@@ -15,6 +15,9 @@ A `MeasuredRun` is one benchmark run of a real server, as a serving-benchmark to
 | `itl_s` | object | numpy float64 array of inter-token (inter-chunk) gaps in seconds, or None where absent |
 | `tpot_s` | float64 | (e2e - ttft) / (output - 1); NaN for < 2 output tokens or a missing operand |
 | `success` | bool | the tool counted the request as completed |
+| `cached_tokens` | float64 | prompt tokens served from the server's prefix cache, as it reported them; NaN: unknown |
+| `prefix_ids` | object | tuple of prefix-block hashes of the prompt text (`text_prefix_ids`); None without texts |
+| `queue_s` | float64 | arrival to first scheduled by the server, seconds (server-side records); NaN where unknown |
 
 Run-level fields: `tool`, `request_rate` (req/s; inf for "send all at once"; NaN where the file does not say),
 `max_concurrency` (int or None), `duration_s`, `model`, `backend`, `num_prompts`, `summary` (the tool's own
@@ -49,7 +52,13 @@ MEASURED_COLUMNS: list[str] = [
     "itl_s",
     "tpot_s",
     "success",
+    "cached_tokens",
+    "prefix_ids",
+    "queue_s",
 ]
+# Tokens per prefix block of `prefix_ids`: two prompts share block i exactly when their texts agree up to its end
+# (the replay's prefix cache, sim/serving/prefix.py, reads the ids with this block size).
+PREFIX_BLOCK_TOKENS = 64
 LOADS: tuple[str, ...] = ("trace", "rate", "concurrency", "all_at_once")
 
 _MAX_SHOWN_CHARS = 60
@@ -112,6 +121,9 @@ def build_requests(
     itl_s: Sequence[Sequence[float] | np.ndarray | None],
     success: Sequence[bool],
     tpot_s: Sequence[float] | None = None,
+    cached_tokens: Sequence[float] | None = None,
+    prompt_texts: Sequence[str | None] | None = None,
+    queue_s: Sequence[float] | None = None,
 ) -> pd.DataFrame:
     """Assemble a request table with `MEASURED_COLUMNS` from already-validated per-request lists.
 
@@ -124,6 +136,12 @@ def build_requests(
         success: per request.
         tpot_s: the tool's own per-request TPOT in seconds, if it gives one; otherwise computed as
             (e2e - ttft) / (output - 1), NaN for fewer than 2 output tokens.
+        cached_tokens: prompt tokens served from the server's prefix cache, per request as the server reported them
+            (NaN where unknown); None when the file records none.
+        prompt_texts: the prompt strings (None for a request without one); their shared prefixes become
+            `prefix_ids` (`text_prefix_ids`).
+        queue_s: seconds from arrival to the server first scheduling the request (server-side records), NaN where
+            unknown; None when the file records none.
 
     Returns:
         The request table, `request_id` = 0..n-1 in the given order.
@@ -154,8 +172,53 @@ def build_requests(
         "itl_s": gaps,
         "tpot_s": tpot.astype(np.float64),
         "success": np.asarray(success, dtype=bool),
+        "cached_tokens": np.full(n, np.nan) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64),
+        "prefix_ids": pd.Series(
+            [None] * n if prompt_texts is None else text_prefix_ids(prompt_texts, prompt_tokens), dtype=object
+        ),
+        "queue_s": np.full(n, np.nan) if queue_s is None else np.asarray(queue_s, dtype=np.float64),
     }
     return pd.DataFrame(columns, columns=MEASURED_COLUMNS)
+
+
+def text_prefix_ids(
+    texts: Sequence[str | None], prompt_tokens: Sequence[int], block_tokens: int = PREFIX_BLOCK_TOKENS
+) -> list[tuple[int, ...] | None]:
+    """Prefix-block hashes of prompt texts: block i of a prompt ends at character round((i + 1) · block_tokens · c),
+    c the run's characters per token (all texts' characters over all their tokens, so every prompt cuts at the same
+    characters), and its id hashes the text up to there: two prompts share ids 0..i exactly when their texts agree
+    up to block i's end. Only whole blocks within a prompt's token count get an id (the cache's hit is whole blocks).
+
+    Args:
+        texts: prompt strings, None where a request has none (its ids are None).
+        prompt_tokens: each prompt's token count, as the tool counted it.
+        block_tokens: tokens per block (:data:`PREFIX_BLOCK_TOKENS`).
+
+    Returns:
+        Per request a tuple of 63-bit ids (BLAKE2b of the UTF-8 text prefix), or None.
+    """
+    import hashlib
+
+    pairs = [(t, int(k)) for t, k in zip(texts, prompt_tokens, strict=True) if isinstance(t, str) and k > 0]
+    chars, tokens = sum(len(t) for t, _ in pairs), sum(k for _, k in pairs)
+    if not tokens or not chars:
+        return [None] * len(texts)
+    per_token = chars / tokens
+    out: list[tuple[int, ...] | None] = []
+    for text, count in zip(texts, prompt_tokens, strict=True):
+        if not isinstance(text, str):
+            out.append(None)
+            continue
+        ids, running, start = [], hashlib.blake2b(digest_size=8), 0
+        for i in range(int(count) // block_tokens):
+            end = round((i + 1) * block_tokens * per_token)
+            if end > len(text):
+                break
+            running.update(text[start:end].encode("utf-8", "surrogatepass"))  # the hash of text[:end], incrementally
+            ids.append(int.from_bytes(running.copy().digest(), "big") >> 1)
+            start = end
+        out.append(tuple(ids))
+    return out
 
 
 def check_requests_table(df: pd.DataFrame, argument: str = "run.requests") -> None:

@@ -23,7 +23,8 @@ Accepted line shapes (the span JSON an exporter writes; several may be mixed):
 
 Spans without `gen_ai.latency.e2e` (e.g. HTTP server spans in the same file) are skipped and counted in `notes`.
 Read: prompt_tokens = `gen_ai.usage.prompt_tokens`, output_tokens = `gen_ai.usage.completion_tokens`,
-ttft_s = `gen_ai.latency.time_to_first_token`, e2e_s = `gen_ai.latency.e2e`, arrival_s = span start - earliest
+ttft_s = `gen_ai.latency.time_to_first_token`, e2e_s = `gen_ai.latency.e2e`, queue_s =
+`gen_ai.latency.time_in_queue` where present (so prefill = TTFT - queue), arrival_s = span start - earliest
 span start (server-side arrival), success = status is not ERROR; rows sorted by arrival. Run level: request_rate
 NaN (not recorded), max_concurrency None, duration_s = last (start + e2e) - first start, model =
 `gen_ai.response.model` where present.
@@ -58,6 +59,7 @@ ATTR_TTFT = "gen_ai.latency.time_to_first_token"
 ATTR_E2E = "gen_ai.latency.e2e"
 ATTR_MODEL = "gen_ai.response.model"
 ATTR_REQUEST_ID = "gen_ai.request.id"
+ATTR_QUEUE = "gen_ai.latency.time_in_queue"  # arrival to first scheduled (s): the replay's queue time is compared
 _OTLP_VALUE_KEYS = ("stringValue", "intValue", "doubleValue", "boolValue")
 
 
@@ -96,6 +98,7 @@ def read_vllm_otel_spans(path: str | Path) -> MeasuredRun:
         [r["e2e"] for r in rows],
         [None] * len(rows),
         [r["success"] for r in rows],
+        queue_s=[r["queue"] for r in rows],
     )
     notes = ["itl_s: vLLM's spans carry no per-token time stamps (None); request_rate not recorded (NaN)"]
     if skipped:
@@ -165,7 +168,13 @@ def _parse_span(span: dict[str, Any], attributes: dict[str, Any], where: str) ->
     code = status.get("status_code", status.get("code"))
     success = str(code).upper() not in ("ERROR", "STATUS_CODE_ERROR", "STATUSCODE.ERROR", "2")
     model = attributes.get(ATTR_MODEL)
+    queue = math.nan
+    if ATTR_QUEUE in attributes:
+        queue = as_seconds(attributes[ATTR_QUEUE], ATTR_QUEUE, None, where, FMT_DESC)
+        if queue > ttft:
+            raise fail(where, FMT_DESC, f"field '{ATTR_QUEUE}': {queue!r} s is longer than {ATTR_TTFT} {ttft!r} s")
     return {
+        "queue": queue,
         "start": _start_seconds(span, where),
         "prompt": as_count(_int_like(attributes[ATTR_PROMPT]), ATTR_PROMPT, None, where, FMT_DESC),
         "output": as_count(_int_like(attributes[ATTR_COMPLETION]), ATTR_COMPLETION, None, where, FMT_DESC),
