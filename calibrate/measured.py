@@ -27,7 +27,7 @@ import pandas as pd
 
 from sim.config import Scenario, load_scenario
 from traces.measured import MeasuredRun
-from traces.measured.schema import build_requests
+from traces.measured.schema import PREFIX_BLOCK_TOKENS, build_requests
 
 VALIDATION_COLUMNS = ["metric", "measured", "simulated", "error_pct"]
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -36,7 +36,9 @@ POISSON_STREAM = 0x3EA5  # the replayed Poisson arrivals' own generator, beside 
 MAX_SPAN_S = 7 * 86400.0  # send times spread over more than a week are not one benchmark run
 
 
-def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = None) -> tuple[pd.DataFrame, list[str]]:
+def replay_workload(
+    run: MeasuredRun, seed: int = 0, max_seq_len: int | None = None, prefix_share: float | None = None
+) -> tuple[pd.DataFrame, list[str]]:
     """The request table that reproduces ``run``'s offered load, and notes on what was assumed.
 
     Args:
@@ -44,10 +46,14 @@ def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = N
             measured figures, :func:`run_metrics`, count successful requests only).
         seed: seed of the Poisson arrivals when the file records a rate but no send times.
         max_seq_len: the scenario model's longest context; longer requests are left out, with a note.
+        prefix_share: a prompt prefix every request shares (:func:`prefix_chains`): a share of each prompt
+            (0 < x < 1) or a token count (x >= 1); None: what the file records (prompt texts, cached tokens).
 
     Returns:
-        (request table: ``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens`` — plus the session
-        columns and ``attrs["max_concurrency"]`` when the client capped its requests in flight — , notes).
+        (request table: ``request_id``, ``source_id`` (the measured request's ``request_id``), ``arrival_s``,
+        ``prompt_tokens``, ``output_tokens``, ``hash_ids`` — plus the session columns and
+        ``attrs["max_concurrency"]`` when the client capped its requests in flight, and ``attrs["hash_block_tokens"]``
+        and ``attrs["warm_prefixes"]`` when the replay knows prefixes — , notes).
 
     Raises:
         ValueError: no request of the run succeeded with output tokens, every one is longer than ``max_seq_len``,
@@ -93,17 +99,98 @@ def replay_workload(run: MeasuredRun, seed: int = 0, max_seq_len: int | None = N
         arrival_s = np.zeros(n)
         notes.append("arrivals: all at once (no rate or send times recorded)" if load == "all_at_once" else
                      f"arrivals: closed loop at the recorded concurrency {run.max_concurrency}")  # fmt: skip
+    chains, warm, prefix_notes = prefix_chains(req, prefix_share)
+    notes.extend(prefix_notes)
     table = pd.DataFrame({
-        "request_id": np.arange(n, dtype=np.int64), "arrival_s": arrival_s,
-        "prompt_tokens": req["prompt_tokens"].to_numpy(dtype=np.int64),
-        "output_tokens": req["output_tokens"].to_numpy(dtype=np.int64), "hash_ids": [None] * n,
+        "request_id": np.arange(n, dtype=np.int64), "source_id": req["request_id"].to_numpy(dtype=np.int64),
+        "arrival_s": arrival_s, "prompt_tokens": req["prompt_tokens"].to_numpy(dtype=np.int64),
+        "output_tokens": req["output_tokens"].to_numpy(dtype=np.int64), "hash_ids": chains,
     })  # fmt: skip
     order = np.argsort(table["arrival_s"].to_numpy(), kind="stable")
     table = table.iloc[order].reset_index(drop=True)
+    if any(c is not None for c in chains):
+        table["hash_ids"] = [c if c is not None else () for c in table["hash_ids"]]
+        table.attrs["hash_block_tokens"] = PREFIX_BLOCK_TOKENS
+        # the server's cache before the run: earliest senders last, so they are the most recently used
+        table.attrs["warm_prefixes"] = [warm[i] for i in order[::-1] if warm[i]]
     if run.max_concurrency is not None:  # each request a one-turn session, gated by the client's slots
         table = table.assign(session_id=table["request_id"].astype(str), turn=0, think_time_s=0.0)
         table.attrs["max_concurrency"] = int(run.max_concurrency)
     return table, notes
+
+
+def prefix_chains(
+    req: pd.DataFrame, prefix_share: float | None
+) -> tuple[list[tuple[int, ...] | None], list[tuple[tuple[int, ...], int]], list[str]]:
+    """The replay's prefix-cache view of each request (sim/serving/prefix.py; blocks of
+    :data:`traces.measured.schema.PREFIX_BLOCK_TOKENS` tokens), from, in order of precedence:
+
+    - ``prefix_share``: every prompt starts with the same prefix, ``prefix_share`` of its tokens (0 < x < 1) or
+      that many tokens (x >= 1), capped at the prompt; the first request to arrive computes it, later ones hit it;
+    - the prompt texts (``prefix_ids``): prompts share exactly the blocks their texts share;
+    - neither: no chains (no prefix cache effect), unless cached tokens are recorded.
+
+    Cached tokens the server reported (``cached_tokens``) are what its cache held when the request came: those
+    blocks of the request's chain (its own, if it has none) are put in the cache before the run (warm prefixes).
+
+    Returns:
+        (per request its hash chain or None, per request its warm (chain, tokens) or None, notes).
+    """
+    n = len(req)
+    block = PREFIX_BLOCK_TOKENS
+    prompts = req["prompt_tokens"].to_numpy(dtype=np.int64)
+    notes: list[str] = []
+    chains: list[tuple[int, ...] | None] = [None] * n
+    if prefix_share is not None:
+        shared = np.minimum(prompts, prefix_share if prefix_share >= 1 else np.floor(prefix_share * prompts))
+        shared_blocks = (shared // block).astype(int)
+        chains = [(*range(k), -(i + 1)) for i, k in enumerate(shared_blocks)]  # a unique block after the shared ones
+        what = f"{prefix_share:g} tokens" if prefix_share >= 1 else f"{prefix_share:.0%} of each prompt"
+        notes.append(f"prefix: every prompt starts with the same prefix ({what}; --prefix-share); the prefix cache "
+                     f"holds it after its first prefill")  # fmt: skip
+    elif "prefix_ids" in req.columns and req["prefix_ids"].notna().any():
+        chains = [tuple(c) if c is not None else None for c in req["prefix_ids"]]
+        notes.append("prefix: shared prompt prefixes found from the prompt texts go through the prefix cache")
+    cached = req["cached_tokens"].to_numpy(dtype=float) if "cached_tokens" in req.columns else np.full(n, np.nan)
+    warm: list[tuple[tuple[int, ...], int] | None] = [None] * n
+    hits = np.isfinite(cached) & (cached >= block)
+    if hits.any():
+        for i in np.flatnonzero(hits):
+            k = int(min(cached[i], prompts[i] - 1) // block)
+            chain = chains[i] or ()
+            if len(chain) < k:  # the recorded hit is longer than the chain known: its own blocks, unique to it
+                chain = (*chain, -(i + 1), *range(k - len(chain) - 1))
+            chains[i] = chain
+            warm[i] = (tuple(chain[:k]), k * block)
+        notes.append(f"prefix: the server reported cache hits on {int(hits.sum())} request(s) "
+                     f"({int(cached[hits].sum()):,} tokens); those blocks are cached when the run starts")  # fmt: skip
+    return chains, warm, notes
+
+
+def roofline_check(run: MeasuredRun, scenario: Scenario) -> str | None:
+    """A line flagging measured TTFTs the card cannot reach without prefix-cache hits, or None.
+
+    A request's TTFT is at least its prompt's GEMM FLOPs (2 · active weights · prompt tokens; attention left out, so
+    the bound is low) at the card's dense peak (FP8 for FP8 weights on FP8 tensor cores, else BF16) on its
+    ``tp_size`` GPUs. A measured TTFT below that bound needs tokens the server did not compute: cache hits.
+    """
+    req = run.requests[run.requests["success"]]
+    ttft = req["ttft_s"].to_numpy(float)
+    prompts = req["prompt_tokens"].to_numpy(float)
+    model, hw = scenario.model, scenario.hardware
+    peak = hw.fp8_tflops if model.dtype == "fp8" and hw.fp8_tflops is not None else hw.bf16_tflops
+    bound_s = (
+        2.0 * model.num_layers * model.active_params_per_layer * prompts / (peak * 1e12 * scenario.serving.tp_size)
+    )
+    ok = np.isfinite(ttft) & (ttft > 0)
+    below = ok & (ttft < bound_s)
+    if not below.any():
+        return None
+    factor = float(np.max(bound_s[below] / ttft[below]))
+    return (f"cache hits: {int(below.sum())} of {int(ok.sum())} requests' measured TTFT is below the time "
+            f"{hw.name} x{scenario.serving.tp_size} needs to prefill their prompts at its peak FLOPs (up to "
+            f"{factor:.1f}x below): the server had prefix-cache hits the replay cannot see; give --prefix-share "
+            "(or a file that records cached tokens or prompt texts)")  # fmt: skip
 
 
 def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str], str]:
@@ -137,15 +224,21 @@ def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -
     return load_scenario(scenario, [*overrides, f"policies={policy}", "run.tables=all", "run.progress=false"])
 
 
-def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0):
+def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0, prefix_share: float | None = None):
     """Replay ``run`` on ``scenario``'s first policy: (PolicyResult, the replayed workload, notes).
+    ``prefix_share``: as :func:`replay_workload`.
 
     Raises:
         ScenarioError, CapacityError: as :func:`sim.run.simulate_policy`.
     """
     from sim.run import simulate_policy
 
-    workload, notes = replay_workload(run, seed, scenario.model.max_seq_len)
+    workload, notes = replay_workload(run, seed, scenario.model.max_seq_len, prefix_share)
+    if workload.attrs.get("hash_block_tokens") and not getattr(
+        scenario.policy[scenario.policies[0]], "prefix_cache", False
+    ):
+        notes.append(f"prefix: the replay knows shared prefixes but the scenario's prefix cache is off "
+                     f"(engine {scenario.engine.name}); they are computed every time")  # fmt: skip
     result = simulate_policy(scenario, workload, scenario.policies[0])
     if not np.isfinite(result.requests["finish_s"].to_numpy(float)).any():
         reasons = result.requests["unfinished_reason"].dropna().unique().tolist()
@@ -188,10 +281,32 @@ def measured_from_result(result, workload: pd.DataFrame, tool: str = "pulseinfer
         req["prompt_tokens"].to_numpy(), req["output_tokens"].to_numpy(), req["arrival_s"].to_numpy(), ttft, e2e,
         [g if k else None for g, k in zip(itl, ok, strict=True)], ok.tolist(),
     )  # fmt: skip
+    table["queue_s"] = (req["scheduled_s"] - req["arrival_s"]).to_numpy(float)  # arrival to first admitted
+    if "source_id" in workload.columns:  # the measured request each simulated one replays
+        table["source_id"] = workload["source_id"].to_numpy(dtype=np.int64)
     finished = req["finish_s"].to_numpy(float)
     duration_s = float(np.nanmax(finished) - np.nanmin(req["arrival_s"])) if np.isfinite(finished).any() else math.nan
     cap = workload.attrs.get("max_concurrency")
     return MeasuredRun(table, tool, math.inf, cap, duration_s, None, "pulseinfer", len(table), {}, "<simulated>")
+
+
+def window_ids(run: MeasuredRun, share: float) -> tuple[np.ndarray, np.ndarray, str]:
+    """Split a run's successful requests into an early and a late window, the late one ``share`` of them:
+    (early request_ids, late request_ids, the late window in words). Requests are ordered by when they happened as
+    the file records it: their send time where recorded; all at once, their finish (E2E); else their send order.
+    The whole run is always replayed; a window only says which requests are scored (never a subset replayed cold).
+    """
+    req = run.requests[run.requests["success"] & (run.requests["output_tokens"] > 0)]
+    if run.load == "trace":
+        key, what = req["arrival_s"].to_numpy(float), "sent last"
+    elif run.load == "all_at_once":
+        key, what = req["e2e_s"].fillna(np.inf).to_numpy(float), "finished last"
+    else:
+        key, what = req["request_id"].to_numpy(float), "sent last (send order)"
+    order = np.argsort(key, kind="stable")
+    ids = req["request_id"].to_numpy()[order]
+    cut = max(1, min(len(ids) - 1, int(round(len(ids) * (1 - share)))))
+    return ids[:cut], ids[cut:], f"the {len(ids) - cut} requests {what} of {run.source_path}"
 
 
 def _stat(values: np.ndarray, stat: str) -> float:
@@ -202,39 +317,58 @@ def _stat(values: np.ndarray, stat: str) -> float:
     return float(values.mean()) if q is None else float(np.percentile(values, q))
 
 
-def run_metrics(run: MeasuredRun) -> dict[str, float]:
+def run_metrics(run: MeasuredRun, scored: np.ndarray | None = None) -> dict[str, float]:
     """Mean, p50 and p99 of TTFT, TPOT, ITL (pooled) and E2E in ms over the successful requests, and the output
-    and request throughput over the run's duration."""
+    and request throughput over the run's duration.
+
+    ``scored``: the measured ``request_id`` s to score (a window of the run, :func:`window_ids`; a simulated run's
+    requests are matched by their ``source_id``); None scores every request. A window's throughput is its requests'
+    tokens over their own span, first send to last finish, which needs send times (NaN without them)."""
     req = run.requests[run.requests["success"]]
+    if scored is not None:
+        key = "source_id" if "source_id" in req.columns else "request_id"
+        req = req[req[key].isin(scored)]
+        window = True
+    else:
+        window = False
     out: dict[str, float] = {}
     columns = {"ttft": req["ttft_s"].to_numpy(float), "tpot": req["tpot_s"].to_numpy(float),
                "e2e": req["e2e_s"].to_numpy(float)}  # fmt: skip
     gaps = [np.asarray(g, dtype=float) for g in req["itl_s"] if g is not None and len(g)]
     columns["itl"] = np.concatenate(gaps) if gaps else np.zeros(0)
-    for name in LATENCIES:
+    if "queue_s" in req.columns and np.isfinite(req["queue_s"].to_numpy(float)).any():  # server-side records
+        columns["queue"] = req["queue_s"].to_numpy(float)
+        columns["prefill"] = columns["ttft"] - columns["queue"]
+    for name in [*LATENCIES, *(k for k in ("queue", "prefill") if k in columns)]:
         for stat in STATS:
             out[f"{name}_{stat}_ms"] = _stat(columns[name], stat) * 1e3
-    out["output_throughput_tok_s"] = float(req["output_tokens"].sum()) / _span_s(run, req)
-    out["request_throughput_req_s"] = len(req) / _span_s(run, req)
+    span_s = _span_s(run, req, window)
+    out["output_throughput_tok_s"] = float(req["output_tokens"].sum()) / span_s
+    out["request_throughput_req_s"] = len(req) / span_s
     return out
 
 
-def _span_s(run: MeasuredRun, req: pd.DataFrame) -> float:
+def _span_s(run: MeasuredRun, req: pd.DataFrame, window: bool = False) -> float:
     """The time the successful requests took, first send to last finish, where send times and E2E are recorded
-    (both sides of a comparison measured the same way); else the tool's own ``duration``."""
-    ends = (req["arrival_s"] + req["e2e_s"]).to_numpy(float)
-    if len(req) and np.isfinite(ends).all() and req["arrival_s"].notna().all():
-        span = float(ends.max() - req["arrival_s"].min())
+    (both sides of a comparison measured the same way; a run sent all at once was sent at 0); else, for the whole
+    run, the tool's own ``duration`` (NaN for a window)."""
+    arrivals = req["arrival_s"].fillna(0.0) if run.load == "all_at_once" else req["arrival_s"]
+    ends = (arrivals + req["e2e_s"]).to_numpy(float)
+    if len(req) and np.isfinite(ends).all() and arrivals.notna().all():
+        span = float(ends.max() - arrivals.min())
         if span > 0:
             return span
+    if window:
+        return math.nan
     return run.duration_s if run.duration_s and math.isfinite(run.duration_s) and run.duration_s > 0 else math.nan
 
 
-def validation_table(measured: MeasuredRun, simulated: MeasuredRun) -> pd.DataFrame:
-    """``metric, measured, simulated, error_pct`` for every metric both runs have (NaN where one lacks it)."""
-    a, b = run_metrics(measured), run_metrics(simulated)
+def validation_table(measured: MeasuredRun, simulated: MeasuredRun, scored: np.ndarray | None = None) -> pd.DataFrame:
+    """``metric, measured, simulated, error_pct`` for every metric both runs have (NaN where one lacks it), over the
+    measured requests ``scored`` (None: all; :func:`run_metrics`)."""
+    a, b = run_metrics(measured, scored), run_metrics(simulated, scored)
     rows = []
-    for metric in a:
+    for metric in [m for m in a if m in b or not m.startswith(("queue", "prefill"))]:
         m, s = a[metric], b[metric]
         error = (s - m) / m * 100 if math.isfinite(m) and math.isfinite(s) and m else math.nan
         rows.append({"metric": metric, "measured": m, "simulated": s, "error_pct": error})

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.lsq import AT_BOUND, DIFF_STEP, from_unit, to_unit
 from calibrate.serving_cases import ServingCase, engine_card, load_suite, run_serving_case, suite_table
 from workers import WorkerPool
 
@@ -103,8 +104,6 @@ PRIOR: dict[str, float] = {
     "step_serial_us": 1000.0, "request_serial_us": 10.0, "request_overlapped_us": 10.0,
 }  # fmt: skip
 MISSING_LOSS = 3.0  # a metric the simulation could not produce (e.g. nothing finished) counts as e^3 ≈ 20× off
-AT_BOUND = 0.01  # a value within this share of its search range from a bound is reported as at the bound
-DIFF_STEP = 0.02  # forward-difference step on the [0, 1] search scale
 
 
 def prior_start() -> dict[str, float]:
@@ -263,15 +262,11 @@ class CaseRunner:
 
 
 def _to_unit(name: str, value: float) -> float:
-    lo, hi, log = PARAMETERS[name]
-    value = min(max(value, lo), hi)
-    return (math.log(value / lo) / math.log(hi / lo)) if log else (value - lo) / (hi - lo)
+    return to_unit(PARAMETERS[name], value)
 
 
 def _from_unit(name: str, u: float) -> float:
-    lo, hi, log = PARAMETERS[name]
-    u = min(max(float(u), 0.0), 1.0)
-    return lo * (hi / lo) ** u if log else lo + u * (hi - lo)
+    return from_unit(PARAMETERS[name], u)
 
 
 def fit_serving(

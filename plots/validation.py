@@ -118,3 +118,37 @@ def measured_cdfs(per_request: pd.DataFrame) -> Figure:
         ax.legend(fontsize=8)
     fig.suptitle("Real server vs simulated replay, per request", fontsize=11)
     return fig
+
+
+SWEEP_PANELS = (
+    ("output_throughput_tok_s", "output throughput [tok/s]"),
+    ("ttft_mean_ms", "mean TTFT [ms]"),
+    ("tpot_mean_ms", "mean TPOT [ms]"),
+    ("itl_p50_ms", "p50 ITL [ms]"),
+)
+
+
+def measured_sweep(table: pd.DataFrame, x_label: str) -> Figure:
+    """A sweep of real-server runs against their simulated replays, one point per run: measured and simulated
+    throughput, mean TTFT, mean TPOT and p50 ITL against the swept load (`pulseinfer validate --measured FILE --run
+    all`).
+
+    Args:
+        table: validation.csv of several runs: columns load (the swept value: request rate or concurrency), metric,
+            measured, simulated.
+        x_label: what ``load`` is, with its unit.
+
+    Raises:
+        MissingData: if a column is missing or there are no rows.
+    """
+    require_columns(table, ["load", "metric", "measured", "simulated"], "validation.csv")
+    fig, axes = new_figure(1, len(SWEEP_PANELS), width=4.0 * len(SWEEP_PANELS), height=3.6)
+    for ax, (metric, label) in zip(axes, SWEEP_PANELS, strict=True):
+        rows = table[table["metric"] == metric].sort_values("load")
+        ax.plot(rows["load"], rows["measured"], "o-", color="black", label="measured")
+        ax.plot(rows["load"], rows["simulated"], "s--", color="tab:orange", label="simulated")
+        ax.set(xlabel=x_label, ylabel=label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Real server vs simulated replay across the sweep", fontsize=11)
+    return fig

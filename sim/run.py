@@ -120,6 +120,8 @@ def simulate_policy(
     replica, rec = fleet.replicas[0], fleet.recorders[0]
     check_clock(scenario, workload, replica.policy.compute)
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())
+    if workload.attrs.get("warm_prefixes"):  # a measured run's server-side cache hits (sim/serving/kv.py warm)
+        replica.kv.warm(workload.attrs["warm_prefixes"], int(workload.attrs["hash_block_tokens"]))
     if traces.is_session_table(workload):  # closed loop: sessions issue requests as earlier ones finish
         spec = scenario.workload.sessions or SessionsSpec()
         slots = workload.attrs.get("max_concurrency")

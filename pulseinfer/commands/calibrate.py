@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
+from pulseinfer.commands.measured import add_measured_options, run_calibrate
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
@@ -52,7 +53,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "OUT/profile.yaml for `--set profile=OUT/profile.yaml` (no torch)",
     )
     add_overrides(p, "serving.prefill=colocated")
-    p.add_argument("--trials", dest="fit_trials", type=int, default=60, help="--from-measured: Optuna trials")
+    p.add_argument(
+        "--iterations",
+        dest="measured_iterations",
+        type=int,
+        default=8,
+        help="--from-measured: the most Jacobians of the least-squares fit (each one replay of the files per value)",
+    )
+    p.add_argument("--trials", dest="fit_trials", type=int, default=None, help=argparse.SUPPRESS)  # refused: renamed
+    add_measured_options(p)
     p.add_argument("--policy", default="sglang", help="--from-measured: the policy the server ran")
     p.add_argument("--force", action="store_true", help="--from-measured: write the profile even if held-out > 20 %%")
     what = p.add_subparsers(dest="what", metavar="[selection|serving]")
@@ -111,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.what == "serving":
         return _run_serving(args)
     if args.from_measured is not None:
-        return _run_from_measured(args)
+        return run_calibrate(args)
     torch = import_torch()
     device = resolve_device(args.device, torch)
     check_out_folder(args.out, "calibrate")
@@ -320,85 +329,4 @@ def _run_serving(args: argparse.Namespace) -> int:
     print("\nthe suite with the fitted values, IN-SAMPLE (held-out: cases --suite serving --cv source):")
     print(report.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\nwrote {out}/fit.yaml, sensitivity.csv, a profile per card, serving.csv, serving_report.csv, plots/")
-    return 0
-
-
-MEASURED_SUFFIXES = (".json", ".jsonl", ".csv")  # benchmark outputs (traces/measured/), never a scenario
-
-
-def _run_from_measured(args: argparse.Namespace) -> int:
-    """``calibrate --from-measured FILE ... [SCENARIO]``: fit, hold out, write the profile (or refuse)."""
-    import yaml
-
-    from calibrate.measured import engine_overrides, measured_scenario
-    from calibrate.measured_fit import FITTED, MAX_HELD_OUT_ERROR_PCT, fit_measured
-    from sim.config.loader import resolve_scenario_path
-    from traces.measured import read_measured
-
-    items = list(args.from_measured)
-    scenario = None
-    last = items[-1] if items else ""
-    if last.endswith((".yaml", ".yml")) or (not Path(last).is_file() and not last.endswith(MEASURED_SUFFIXES)):
-        scenario = items.pop()  # the last item names the scenario (a missing .json/.jsonl/.csv is a measured file)
-        with usage_errors("SCENARIO: "):
-            resolve_scenario_path(scenario)
-    if not items:
-        raise UsageError("--from-measured: give at least one benchmark output file")
-    for item in items:
-        if Path(item).is_dir():
-            raise UsageError(f"--from-measured {item}: is a folder; give the benchmark's result files")
-        if not Path(item).is_file():
-            raise UsageError(f"--from-measured {item}: no such file")
-    if args.fit_trials < 1:
-        raise UsageError(f"--trials {args.fit_trials}: must be >= 1")
-    out = args.out
-    check_out_folder(out, "calibrate")
-    started = time.perf_counter()
-    with usage_errors():
-        runs = [read_measured(item) for item in items]
-        if len({r.engine for r in runs}) == 1:
-            overrides, engine_note = engine_overrides(runs[0], args.overrides)
-        else:
-            overrides, engine_note = args.overrides, "the files name different engines: the scenario's"
-        scn = measured_scenario(scenario, overrides, args.policy)
-    print(f"engine: {scn.engine.name} ({engine_note})")
-    with Bar(args.fit_trials, "fit", "trial") as bar:
-
-        def on_trial(i: int, best: float) -> None:
-            bar.note(f"best loss {best:.4f}")
-            bar.advance()
-
-        with usage_errors():
-            fit = fit_measured(runs, scn, args.fit_trials, args.seed, on_trial)
-    refused = fit.held_out_error_pct > MAX_HELD_OUT_ERROR_PCT and not args.force
-    with results_folder(out, command="calibrate") as stage:
-        import pandas as pd
-
-        frames = [t.reset_index().assign(run=name) for name, t in fit.tables.items()]
-        pd.concat(frames, ignore_index=True).to_csv(stage / "fit_validation.csv", index=False)
-        if not refused:
-            hardware = {**scn.hardware.model_dump(mode="json"), **fit.params, "measured": True}
-            profile = {
-                "name": f"{scn.hardware.name}-from-measured",
-                "source": "pulseinfer calibrate --from-measured " + " ".join(items),
-                "metadata": {
-                    "files": ", ".join(items), "card": scn.hardware.name, "model": scn.model.name,
-                    "tp_size": scn.serving.tp_size, "prefill": scn.serving.prefill, "policy": args.policy,
-                    "fitted": ", ".join(FITTED), "fit_error_pct": round(fit.fit_error_pct, 2),
-                    "held_out_error_pct": round(fit.held_out_error_pct, 2), "held_out": "; ".join(fit.held_out),
-                    "trials": args.fit_trials, "seed": args.seed, "date": time.strftime("%Y-%m-%d"),
-                },
-                "hardware": hardware,
-            }  # fmt: skip
-            (stage / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    print(f"\nfitted {', '.join(FITTED)} to {len(items)} file(s) in {time.perf_counter() - started:.0f} s:")
-    for name, value in fit.params.items():
-        print(f"  {name:28s} {value:g} (card: {getattr(scn.hardware, name):g})")
-    print(f"error (mean |%| over TPOT, TTFT, ITL p50, E2E, throughput): fit {fit.fit_error_pct:.1f} %, "
-          f"held out ({fit.held_out[0]}) {fit.held_out_error_pct:.1f} %")  # fmt: skip
-    if refused:
-        print(f"error: held-out error {fit.held_out_error_pct:.1f} % > {MAX_HELD_OUT_ERROR_PCT:g} %: profile.yaml not "
-              f"written (see {out}/fit_validation.csv; --force writes it anyway)", file=sys.stderr)  # fmt: skip
-        return 2
-    print(f"\nwrote {out}/profile.yaml and fit_validation.csv; use it with --set profile={out}/profile.yaml")
     return 0

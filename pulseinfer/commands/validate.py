@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from pulseinfer.commands import add_overrides, check_out_folder, check_seed, import_torch, int_list, resolve_device
+from pulseinfer.commands.measured import add_measured_options, run_validate
 from pulseinfer.errors import UsageError, usage_errors
 from pulseinfer.helpfmt import DefaultsHelpFormatter
 from pulseinfer.outdir import results_folder
@@ -40,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", dest="measured_format", default="auto", help="with --measured: the file's format (default auto)"
     )
+    add_measured_options(p)
     add_overrides(p, "serving.prefill=colocated")
     p.add_argument(
         "--policy",
@@ -64,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_seed(args.seed)
     if args.measured is not None:
-        return _run_measured(args)
+        return run_validate(args)
     if args.profile is None:
         raise UsageError("--profile: required to validate against the engine (or give --measured FILE)")
     if args.scenario is not None or args.overrides:
@@ -142,63 +144,3 @@ def _write(out: Path, table, steps) -> None:
     table.to_csv(out / "validation.csv", index=False)
     steps.to_csv(out / "validation_steps.csv", index=False)
     validation_steps(steps).savefig(out / "validation_steps.png", dpi=120)
-
-
-def _run_measured(args: argparse.Namespace) -> int:
-    """``validate --measured FILE``: replay a real server's benchmark run in the simulator and compare."""
-    from calibrate.measured import (
-        engine_overrides,
-        measured_from_result,
-        measured_scenario,
-        simulate_measured,
-        validation_table,
-    )
-    from traces.measured import read_measured
-
-    if args.measured.is_dir():
-        raise UsageError(f"--measured {args.measured}: is a folder; give the benchmark's result file")
-    if not args.measured.is_file():
-        raise UsageError(f"--measured {args.measured}: no such file")
-    policy = args.policy or "sglang"
-    if "," in policy:
-        raise UsageError(f"--policy {policy!r}: --measured replays one policy; give one name")
-    check_out_folder(args.out, "validate")
-    started = time.perf_counter()
-    with usage_errors():  # a file that is not what it claims, a bad override, a model that does not fit: one line
-        run = read_measured(args.measured, args.measured_format)
-        overrides, engine_note = engine_overrides(run, args.overrides)
-        scenario = measured_scenario(args.scenario, overrides, policy)
-        result, workload, notes = simulate_measured(run, scenario, args.seed)
-    simulated = measured_from_result(result, workload)
-    table = validation_table(run, simulated)
-    with results_folder(args.out, command="validate") as stage:
-        table.to_csv(stage / "validation.csv", index=False)
-        per_request = _per_request(run, simulated)
-        per_request.to_csv(stage / "requests.csv", index=False)
-        from plots.validation import measured_cdfs
-
-        measured_cdfs(per_request).savefig(stage / "validation_cdfs.png", dpi=120)
-    m, hw = scenario.model, scenario.hardware
-    print(
-        f"\n{args.measured.name} ({run.tool}, {len(run.requests)} requests, load {run.load}) replayed on {m.name} / "
-        f"{hw.name} x{scenario.serving.tp_size}, prefill {scenario.serving.prefill}, policy {policy}, engine "
-        f"{scenario.engine.name} ({engine_note}): {time.perf_counter() - started:.1f} s"
-    )
-    for note in notes:
-        print(f"note: {note}")
-    print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
-    print(f"\nwrote {args.out}/validation.csv, requests.csv and validation_cdfs.png")
-    return 0
-
-
-def _per_request(measured, simulated):
-    """One row per request and source (measured, simulated): TTFT and TPOT in ms (the figure's input)."""
-    import pandas as pd
-
-    frames = []
-    for source, run in (("measured", measured), ("simulated", simulated)):
-        req = run.requests[run.requests["success"]]
-        frames.append(pd.DataFrame({"source": source, "request_id": req["request_id"].to_numpy(),
-                                    "ttft_ms": req["ttft_s"].to_numpy() * 1e3,
-                                    "tpot_ms": req["tpot_s"].to_numpy() * 1e3}))  # fmt: skip
-    return pd.concat(frames, ignore_index=True)

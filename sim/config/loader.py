@@ -29,7 +29,7 @@ from sim.config.files import (
     scenarios_dir,
     short_repr,
 )
-from sim.config.profiles import apply_profile
+from sim.config.profiles import apply_profile, apply_profile_engine
 from sim.config.scenario import Scenario
 
 CARD_KINDS = {"model": "models", "hardware": "hardware", "engine": "engines"}
@@ -131,6 +131,7 @@ def load_scenario(scenario: str | Path | None = None, overrides: list[str] | Non
         _set_dotted(raw, key, value)
     if isinstance(raw.get("profile"), str):  # named by an override
         apply_profile(raw)
+    apply_profile_engine(raw)  # after the overrides: a measured file's `engine=` names the line the profile fitted
     raw.setdefault("engine", DEFAULT_ENGINE_NAME)
     if not isinstance(raw["engine"], (str, dict)) or (isinstance(raw["engine"], str) and not raw["engine"].strip()):
         raise ScenarioError(

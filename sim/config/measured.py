@@ -161,6 +161,9 @@ class Profile(Spec):
     selection: SelectionProfile | None = None
     recall_stats: RecallStatsSpec | None = None
     recall_stats_source: str | None = None
+    # host costs fitted for one engine release line (``calibrate --from-measured``): a card without tiers, laid over
+    # the line its ``name`` resolves to (sim/config/engine.py ``engine_card``; applied by sim/config/profiles.py)
+    engine: dict[str, str | int | float | bool | None] | None = None
 
     @model_validator(mode="after")
     def _check_model(self) -> Profile:

@@ -121,6 +121,33 @@ def write_profile(profile: Profile, path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def apply_profile_engine(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lay a profile's ``engine`` section (host costs fitted for one release line) over the scenario's engine: used
+    when the scenario names no engine or names one of that line (as a measured file's engine does); refused when it
+    names another engine, whose host path the fitted values do not describe.
+
+    Raises:
+        ProfileError: the scenario's engine is not the profile's line.
+    """
+    from sim.config.engine import engine_card
+
+    prof = raw.get("profile")
+    fitted = prof.get("engine") if isinstance(prof, dict) else None
+    if not isinstance(fitted, dict):
+        return raw
+    line = engine_card(fitted)["name"]
+    given = raw.get("engine")
+    if given is not None:
+        named = engine_card(given)["name"] if isinstance(given, (str, dict)) else None
+        if named != line:
+            raise ProfileError(
+                f"engine: the scenario runs {short_repr(named)} and its profile carries host costs fitted on "
+                f"{short_repr(line)}; give the profile's engine (--set engine={line}) or a profile fitted on yours"
+            )
+    raw["engine"] = {**fitted, "name": line} if not isinstance(given, dict) else {**given, **fitted}
+    return raw
+
+
 def apply_profile(raw: dict[str, Any], base_dir: Path | None = None) -> dict[str, Any]:
     """Resolve ``raw["profile"]`` (a name or path) and fill the scenario sections it leaves out.
 

@@ -48,7 +48,7 @@ STEP_COLUMNS = [
 REQUEST_COLUMNS = [
     "request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
     "output_tokens", "generated_tokens", "offloaded", "num_preemptions", "finished", "unfinished_reason",
-    "prefix_hit_tokens", "decode_admit_s", "ttft_client_s", "tpot_client_s", "decode_queue_wait_s",
+    "prefix_hit_tokens", "decode_admit_s", "ttft_client_s", "tpot_client_s", "decode_queue_wait_s", "scheduled_s",
 ]  # fmt: skip
 SUMMARY_COLUMNS = [
     "policy", "finished", "unfinished", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
@@ -126,7 +126,7 @@ def requests_table(reqs: list) -> pd.DataFrame:
         "num_preemptions": col("num_preemptions", np.int64), "finished": done, "unfinished_reason": reasons,
         "prefix_hit_tokens": np.maximum(col("prefix_hit_tokens", np.int64), 0), "decode_admit_s": admit_at,
         "ttft_client_s": ttft_client, "tpot_client_s": np.where(streams, (e2e - ttft_client) / steps, np.nan),
-        "decode_queue_wait_s": admit - first,
+        "decode_queue_wait_s": admit - first, "scheduled_s": col("scheduled_s", np.float64),
     }  # fmt: skip
     return pd.DataFrame(columns, columns=REQUEST_COLUMNS)
 

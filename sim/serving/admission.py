@@ -256,6 +256,8 @@ class Admission:
             return WAIT_IO
         hit = self._take_prefix(req, kv, need)
         kv.hold(req, need, host_need)
+        if req.scheduled_s != req.scheduled_s:  # NaN: first admission (a re-admission after pre-emption keeps it)
+            req.scheduled_s = kv.clock()
         req.prefill_target = target
         req.prefilled = hit if cached is None else 0  # colocated prefill skips the cached prefix
         return OK

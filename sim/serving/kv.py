@@ -103,6 +103,22 @@ class KvState:
             self.device.release(self.prefix.evict(short))
         return self.device.free >= blocks
 
+    def warm(self, chains: list[tuple[tuple[int, ...], int]], block_tokens: int) -> int:
+        """Put prompt prefixes in the prefix cache before a run, unreferenced (what a server's cache held when a
+        measured run began: calibrate/measured.py ``prefix_chains``). Each is ``(hash ids, tokens)``, inserted in
+        order, so the last is the most recently used; one that does not fit, even after evicting earlier ones, is
+        left out. Returns the chains inserted (0 without a prefix cache)."""
+        inserted = 0
+        for ids, tokens in chains if self.prefix is not None else ():
+            path, _ = self.prefix.match(ids, tokens, block_tokens)
+            new = sum(-(-t // self.prefix.page_tokens) for t in self.prefix.chain_tokens(ids, tokens, block_tokens))
+            if self.make_room(new - sum(node.blocks for node in path)):
+                path, _, added = self.prefix.acquire(ids, tokens, block_tokens, self.clock())
+                self.device.allocate(added)
+                self.prefix.release(path, self.clock())
+                inserted += 1
+        return inserted
+
     @property
     def hbm_used_bytes(self) -> int:
         """Weights + reserve + the device blocks in use."""

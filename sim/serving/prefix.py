@@ -84,7 +84,7 @@ class PrefixCache:
         self._leaves: list[tuple[float, int, Node]] = []
 
     @staticmethod
-    def _chain_tokens(hash_ids: Sequence[int], prompt_tokens: int, block_tokens: int) -> list[int]:
+    def chain_tokens(hash_ids: Sequence[int], prompt_tokens: int, block_tokens: int) -> list[int]:
         """Tokens of each of the prompt's hash blocks (the last one may be partial); ids past the prompt dropped."""
         n = min(len(hash_ids), -(-prompt_tokens // block_tokens))
         return [min(block_tokens, prompt_tokens - i * block_tokens) for i in range(n)]
@@ -128,7 +128,7 @@ class PrefixCache:
                 if node.parent is not None:
                     node.parent.children += 1
         parent = path[-1] if path else None
-        chain = list(zip(hash_ids, self._chain_tokens(hash_ids, prompt_tokens, block_tokens)))
+        chain = list(zip(hash_ids, self.chain_tokens(hash_ids, prompt_tokens, block_tokens)))
         for hid, tokens in chain[len(path) :]:
             key = (parent.node_id if parent else 0, hid)
             node = Node(key, parent, tokens, -(-tokens // self.page_tokens), node_id=self._next_id)

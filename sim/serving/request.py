@@ -42,6 +42,7 @@ class Request:
     shared_blocks: int = 0  # device blocks of ``prefix_path`` (charged to the prefix cache, not to the request)
     prefix_hit_tokens: int = -1  # prompt tokens served from the prefix cache at first admission (-1: not yet)
     decode_admit_s: float = NAN  # first time it joined the decode batch (the client's first token, PD)
+    scheduled_s: float = NAN  # first time the scheduler admitted it to prefill (its queue wait ends)
     reload_tokens: int = 0  # prefix tokens its next prefill loads back from the host tier (HiCache)
     swapped: bool = False  # preempted with its KV kept in host memory (retract: swap), to be loaded back
 

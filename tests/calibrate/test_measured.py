@@ -66,7 +66,7 @@ def test_the_default_card_is_off_the_true_card_exact_and_a_fitted_profile_holds_
     for run in runs:
         assert abs(run_error(run, card, {})[2].loc["tpot_mean_ms", "error_pct"]) > 10
         assert run_error(run, true, {})[1] < 2
-    fit = fit_measured(runs, card, trials=30)
+    fit = fit_measured(runs, card, iterations=6)
     assert fit.held_out_error_pct < 5 and fit.fit_error_pct < 5
     assert "run1.json" in fit.held_out[0]
 
@@ -74,10 +74,16 @@ def test_the_default_card_is_off_the_true_card_exact_and_a_fitted_profile_holds_
 def test_calibrate_from_measured_writes_a_profile_that_validates_the_held_out_file(truth, tmp_path, capsys):
     out = tmp_path / "cal"
     sets = [a for s in CARD for a in ("--set", s)]
-    assert main(["calibrate", "--from-measured", str(truth[0]), "--trials", "30", *sets, "--out", str(out)]) == 0
+    assert main(["calibrate", "--from-measured", str(truth[0]), "--iterations", "6", *sets, "--out", str(out)]) == 0
     profile = yaml.safe_load((out / "profile.yaml").read_text())
     assert profile["metadata"]["card"] == "h100-sxm" and profile["hardware"]["name"] == "h100-sxm"
-    assert float(profile["metadata"]["held_out_error_pct"]) < 10  # the file's last 40 % of requests
+    assert profile["metadata"]["engine"] == "sglang-0.4"  # the scenario's engine: the file names none
+    assert float(profile["metadata"]["held_out_error_pct"]) < 5  # the file's 40 % of requests sent last
+    moved = pd.read_csv(out / "moved.csv")
+    assert set(moved["name"]) == set(profile["metadata"]["fitted"].split(", ")) | set(
+        filter(None, profile["metadata"]["without_effect"].split(", "))
+    )
+    assert "verdict: " in capsys.readouterr().out
     val = tmp_path / "val"
     assert main(["validate", "--measured", str(truth[1]), *sets, "--set", f"profile={out / 'profile.yaml'}",
                  "--out", str(val)]) == 0  # fmt: skip
@@ -92,7 +98,7 @@ def test_a_profile_that_fails_its_held_out_file_is_refused_unless_forced(truth, 
         tmp_path, "other.json", "vllm_bench_serve", "hardware.decode_step_overhead_us=30000", *shape
     )
     sets = [a for s in CARD for a in ("--set", s)]
-    argv = ["calibrate", "--from-measured", str(truth[0]), str(other), "--trials", "10", *sets]
+    argv = ["calibrate", "--from-measured", str(truth[0]), str(other), "--iterations", "3", *sets]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 2
     assert "profile.yaml not written" in capsys.readouterr().err
     assert not (tmp_path / "a" / "profile.yaml").exists()
@@ -103,7 +109,8 @@ def test_a_profile_that_fails_its_held_out_file_is_refused_unless_forced(truth, 
 @pytest.mark.parametrize(
     "name",
     ["sglang_bench_serving.jsonl", "vllm_bench_serve.json", "guidellm_report.json",
-     "inference_perf_per_request.json", "vllm_otel_spans.jsonl"],
+     "inference_perf_per_request.json", "vllm_otel_spans.jsonl", "aiperf_run/profile_export.jsonl",
+     "mlcommons_result_summary.json", "vllm_requests/requests.jsonl"],
 )  # fmt: skip
 def test_validate_measured_reads_every_format(name, tmp_path, capsys):
     out = tmp_path / "v"
@@ -157,7 +164,8 @@ def test_more_token_gaps_than_output_tokens_is_refused(tmp_path):
 def test_calibration_with_no_comparable_metric_is_refused(tmp_path, capsys):
     huge = _edited_vllm(tmp_path, "huge.json", input_lens=lambda d: [10_000_000] * len(d["input_lens"]))
     sets = [a for s in CARD for a in ("--set", s)]
-    assert main(["calibrate", "--from-measured", str(huge), "--trials", "3", *sets, "--out", str(tmp_path / "c")]) == 2
+    argv = ["calibrate", "--from-measured", str(huge), "--iterations", "1", *sets, "--out", str(tmp_path / "c")]
+    assert main(argv) == 2
     assert "max_seq_len" in capsys.readouterr().err
     assert not (tmp_path / "c" / "profile.yaml").exists()
 
@@ -173,10 +181,24 @@ def test_a_missing_measured_file_is_named_as_one_not_as_a_scenario(tmp_path, cap
 
 def test_the_fitted_gemm_efficiency_is_the_one_of_the_weights_dtype():
     """FP8 weights on a card with FP8 tensor cores run their GEMMs at fp8_mfu, so that is what a fit moves."""
-    from calibrate.measured_fit import FITTED, fitted_names
+    from calibrate.measured_fit import fitted_bounds
     from sim.config import load_scenario
 
-    assert fitted_names(load_scenario("default", CARD)) == FITTED
-    fp8 = fitted_names(load_scenario("default", [*CARD, "model.dtype=fp8"]))
+    bf16 = fitted_bounds(load_scenario("default", CARD))
+    assert "prefill_mfu" in bf16 and "fp8_mfu" not in bf16
+    fp8 = fitted_bounds(load_scenario("default", [*CARD, "model.dtype=fp8"]))
     assert "fp8_mfu" in fp8 and "prefill_mfu" not in fp8
-    assert fitted_names(load_scenario("default", [*CARD, "model.dtype=fp8", "hardware=a100-80gb"])) == FITTED
+    assert list(fitted_bounds(load_scenario("default", [*CARD, "model.dtype=fp8", "hardware=a100-80gb"]))) == list(bf16)
+
+
+def test_validate_measured_times_forward_pass_metrics_step_by_step(tmp_path, capsys):
+    out = tmp_path / "steps"
+    sets = [a for s in CARD for a in ("--set", s)]
+    assert main(["validate", "--measured", str(FIXTURES / "forward_pass_metrics.jsonl"), *sets, "--out", str(out)]) == 0
+    table = pd.read_csv(out / "step_check.csv")
+    assert len(table) == 10 and (table["simulated_s"] > 0).all()
+    assert set(pd.read_csv(out / "step_check_summary.csv")["kind"]) == {"all", "decode_only", "mixed", "prefill_only"}
+    assert (out / "step_check.png").is_file() and "timed step by step" in capsys.readouterr().out
+    argv = ["validate", "--measured", str(FIXTURES / "forward_pass_metrics.jsonl"), "--run", "all", *sets]
+    assert main([*argv, "--out", str(tmp_path / "x")]) == 2
+    assert "per-iteration records" in capsys.readouterr().err

@@ -55,6 +55,18 @@ def test_shared_blocks_are_counted_once_and_freed_with_the_last_reference():
     assert kv.device.used == 0 and not kv.prefix.nodes
 
 
+def test_warm_prefixes_are_cached_unreferenced_and_the_earliest_give_way_when_the_pool_is_short():
+    """KvState.warm (a measured server's cache before its run): chains in order, the last most recently used; a
+    chain that does not fit evicts earlier ones; the pool's count always equals the cache's."""
+    kv = KvState(2 * BT + 100, 0, 1, 0, PrefixCache(1))
+    assert kv.warm([((1, 2), 2 * BT), ((3,), BT)], BT) == 2  # the second evicts the first's leaf
+    assert kv.device.used == kv.prefix.cached_blocks == kv.prefix.evictable_blocks <= 2 * BT + 100
+    assert kv.prefix.match((3,), BT + 1, BT)[1] == BT  # the latest is whole
+    assert kv.warm([((9,) * 5, 5 * BT)], BT) == 0  # larger than the pool: left out, nothing changed
+    assert kv.device.used == kv.prefix.cached_blocks
+    assert KvState(100, 0, 1, 0, None).warm([((1,), BT)], BT) == 0  # no prefix cache: nothing to warm
+
+
 def test_eviction_is_least_recently_used_first():
     cache = PrefixCache(1)
     for t, ids in enumerate(([1], [2], [3])):
