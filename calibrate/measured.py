@@ -34,6 +34,7 @@ LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = {"mean": None, "p50": 50.0, "p99": 99.0}
 POISSON_STREAM = 0x3EA5  # the replayed Poisson arrivals' own generator, beside the scenario's seed
 MAX_SPAN_S = 7 * 86400.0  # send times spread over more than a week are not one benchmark run
+QUEUE_FLOOR_MS = 1.0  # a measured queue time below this has no relative error worth printing
 
 
 def replay_workload(
@@ -145,9 +146,13 @@ def prefix_chains(
         shared = np.minimum(prompts, prefix_share if prefix_share >= 1 else np.floor(prefix_share * prompts))
         shared_blocks = (shared // block).astype(int)
         chains = [(*range(k), -(i + 1)) for i, k in enumerate(shared_blocks)]  # a unique block after the shared ones
-        what = f"{prefix_share:g} tokens" if prefix_share >= 1 else f"{prefix_share:.0%} of each prompt"
+        what = f"{prefix_share:g} token(s)" if prefix_share >= 1 else f"{prefix_share:.0%} of each prompt"
         notes.append(f"prefix: every prompt starts with the same prefix ({what}; --prefix-share); the prefix cache "
                      f"holds it after its first prefill")  # fmt: skip
+        whole = int((prompts <= prefix_share).sum()) if prefix_share >= 1 else 0
+        if whole:
+            notes.append(f"prefix: --prefix-share {prefix_share:g} is as long as {whole} of {n} prompts (median "
+                         f"{int(np.median(prompts)):,} tokens): shared whole but their last token")  # fmt: skip
     elif "prefix_ids" in req.columns and req["prefix_ids"].notna().any():
         chains = [tuple(c) if c is not None else None for c in req["prefix_ids"]]
         notes.append("prefix: shared prompt prefixes found from the prompt texts go through the prefix cache")
@@ -213,6 +218,45 @@ def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str],
         return [f"engine={kind}", *overrides], f"from the file: {found}, newer than every line: the newest, {newest}"
     note = f"; {line['note']}" if line.get("note") else ""
     return [f"engine={found}", *overrides], f"from the file: {found}{note}"
+
+
+def recorded_overrides(run: MeasuredRun, overrides: list[str], policy: str) -> tuple[list[str], list[str]]:
+    """``overrides`` with the server settings the file records (a ``requests.jsonl``'s ``meta.json``: vLLM's
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``tensor_parallel_size``, ``enable_prefix_caching``) added where
+    ``overrides`` do not set them, and a note per setting taken (so none is read and silently left unused)."""
+    meta = run.summary.get("meta") if isinstance(run.summary.get("meta"), dict) else {}
+    kwargs = meta.get("engine_kwargs") if isinstance(meta.get("engine_kwargs"), dict) else {}
+    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    recorded = {
+        f"policy.{policy}.max_running_requests": kwargs.get("max_num_seqs"),
+        f"policy.{policy}.chunked_prefill_tokens": kwargs.get("max_num_batched_tokens"),
+        "serving.tp_size": kwargs.get("tensor_parallel_size"),
+        f"policy.{policy}.prefix_cache": kv.get("enable_prefix_caching"),
+    }
+    given = {item.split("=", 1)[0].strip() for item in overrides}
+    added, notes = [], []
+    for key, value in recorded.items():
+        if value is None or key in given or (isinstance(value, int) and not isinstance(value, bool) and value < 1):
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        added.append(f"{key}={text}")
+        notes.append(f"{key}={text} (from the file's server settings)")
+    return [*added, *overrides], notes
+
+
+def pool_note(run: MeasuredRun, scenario: Scenario, pool_gib: float) -> str | None:
+    """A line comparing the server's KV pool (``meta.json``'s ``num_kv_tokens``) with the replay's, or None."""
+    meta = run.summary.get("meta") if isinstance(run.summary.get("meta"), dict) else {}
+    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    server = kv.get("num_kv_tokens")
+    if not isinstance(server, (int, float)) or server <= 0:
+        return None
+    replay = pool_gib * 2**30 / (scenario.model.kv_bytes_per_token / scenario.serving.tp_size)
+    if abs(replay / server - 1) < 0.1:
+        return None
+    return (f"KV pool: the server held {int(server):,} tokens (meta.json), the replay on {scenario.hardware.name} "
+            f"holds {int(replay):,} ({replay / server:.1f}x): admission and batch sizes differ; a card with the "
+            "server's memory matches it better")  # fmt: skip
 
 
 def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -> Scenario:
@@ -309,6 +353,19 @@ def window_ids(run: MeasuredRun, share: float) -> tuple[np.ndarray, np.ndarray, 
     return ids[:cut], ids[cut:], f"the {len(ids) - cut} requests {what} of {run.source_path}"
 
 
+def chunked_stream(run: MeasuredRun) -> str | None:
+    """A note when the file's token gaps are per chunk, not per token (a stream that sends several tokens at once:
+    fewer gaps than output tokens − 1, by more than 10 % over the run), or None. Its ITL is then not compared."""
+    req = run.requests[run.requests["success"]]
+    pairs = [(len(g), int(o) - 1) for g, o in zip(req["itl_s"], req["output_tokens"], strict=True)
+             if g is not None and o > 1]  # fmt: skip
+    gaps, tokens = sum(g for g, _ in pairs), sum(t for _, t in pairs)
+    if not tokens or gaps >= 0.9 * tokens:
+        return None
+    return (f"ITL: the stream sent several tokens per chunk ({gaps:,} gaps for {tokens:,} tokens after the first, "
+            f"{tokens / max(gaps, 1):.1f} a chunk); its ITL is per chunk and is not compared (TPOT is)")  # fmt: skip
+
+
 def _stat(values: np.ndarray, stat: str) -> float:
     values = values[np.isfinite(values)]
     if not len(values):
@@ -367,9 +424,13 @@ def validation_table(measured: MeasuredRun, simulated: MeasuredRun, scored: np.n
     """``metric, measured, simulated, error_pct`` for every metric both runs have (NaN where one lacks it), over the
     measured requests ``scored`` (None: all; :func:`run_metrics`)."""
     a, b = run_metrics(measured, scored), run_metrics(simulated, scored)
+    if chunked_stream(measured) is not None:  # per chunk, not per token: not comparable with the replay's ITL
+        a.update({k: math.nan for k in a if k.startswith("itl_")})
     rows = []
     for metric in [m for m in a if m in b or not m.startswith(("queue", "prefill"))]:
         m, s = a[metric], b[metric]
         error = (s - m) / m * 100 if math.isfinite(m) and math.isfinite(s) and m else math.nan
+        if metric.startswith("queue") and not m >= QUEUE_FLOOR_MS:  # a share of a near-zero wait says nothing
+            error = math.nan
         rows.append({"metric": metric, "measured": m, "simulated": s, "error_pct": error})
     return pd.DataFrame(rows, columns=VALIDATION_COLUMNS)

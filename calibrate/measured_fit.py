@@ -117,6 +117,8 @@ class MeasuredFit:
     moved: pd.DataFrame | None = None
     evaluations: int = 0
     trade_offs: list[tuple[str, str, float]] = field(default_factory=list)  # calibrate/lsq.py BoundedFit.trade_offs
+    card_fit_error_pct: float = math.nan  # the card as it is, on the fit requests
+    card_held_out_error_pct: float = math.nan  # ... and on the held-out ones
 
 
 def split_runs(runs: list[MeasuredRun]) -> tuple[list[Part], str]:
@@ -201,6 +203,9 @@ def verdict(fit: MeasuredFit) -> str:
     if fit.trade_offs:
         pairs = ", ".join(f"{a} and {b} (r = {r:+.2f})" for a, b, r in fit.trade_offs)
         parts.append(f"the runs cannot tell apart {pairs}: a curve fit along that line, not each value")
+    if fit.held_out_error_pct >= fit.card_held_out_error_pct:
+        parts.append(f"no better than the card on the held-out requests ({fit.held_out_error_pct:.1f} % against "
+                     f"{fit.card_held_out_error_pct:.1f} %): keep the card")  # fmt: skip
     if fit.without_effect:
         parts.append(f"without effect on these runs, left at the card: {', '.join(fit.without_effect)}")
     return "; ".join(parts)
@@ -228,8 +233,10 @@ def fit_measured(
         ValueError: a run that cannot be replayed (the message says why), or no metric to compare.
     """
     parts, held_words = split_runs(runs)
+    card_errors: dict[str, list[float]] = {"fit": [], "held_out": []}
     for part in parts:  # the card as it is: a run that cannot be replayed says why, here
-        replay_tables(part, scenario, {}, seed, prefix_share)
+        for kind, table in replay_tables(part, scenario, {}, seed, prefix_share).items():
+            card_errors[kind].append(_table_errors(table)[1])
     bounds = fitted_bounds(scenario)
     start = {n: min(max(card_value(scenario, n), lo), hi) for n, (lo, hi, _) in bounds.items()}
     start_unit = np.array([to_unit(bounds[n], start[n]) for n in bounds])
@@ -268,5 +275,7 @@ def fit_measured(
     loss = float(np.mean(np.abs(residuals(params)[: -len(bounds)])))
     fit = MeasuredFit(params, loss, fit_error, held_error, [held_words], tables, found.fitted, found.at_bound,
                       found.without_effect, evaluations=found.evaluations, trade_offs=found.trade_offs)  # fmt: skip
+    fit.card_fit_error_pct = float(np.mean(card_errors["fit"]))
+    fit.card_held_out_error_pct = float(np.mean(card_errors["held_out"]))
     fit.moved = moved_table(scenario, fit, bounds)
     return fit

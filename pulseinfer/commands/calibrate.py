@@ -48,9 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="FILE",
-        help="instead of the engine: fit the compute model to your server's benchmark outputs (FILE ... [SCENARIO]; "
-        "formats as `validate --measured`), holding out the last file (or 40 %% of one file's requests); writes "
-        "OUT/profile.yaml for `--set profile=OUT/profile.yaml` (no torch)",
+        help="instead of the engine: fit the card's efficiencies and the engine's host costs to your server's "
+        "benchmark outputs (FILE ... [SCENARIO]; formats as `validate --measured`), every run replayed whole, the "
+        "last file (or run) held out, else one run's late 40 %% of requests; writes OUT/profile.yaml for "
+        "`--set profile=OUT/profile.yaml`, moved.csv and a verdict (no torch)",
     )
     add_overrides(p, "serving.prefill=colocated")
     p.add_argument(

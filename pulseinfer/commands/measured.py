@@ -58,13 +58,22 @@ def check_prefix_share(value: float | None) -> float | None:
     return value
 
 
+def _file_in(path: Path, flag: str) -> Path:
+    """``path``, or for a folder the ``requests.jsonl`` in it (a run committed with its ``meta.json``).
+    Raises UsageError for a folder without one."""
+    if path.is_dir():
+        if (path / "requests.jsonl").is_file():
+            return path / "requests.jsonl"
+        raise UsageError(f"{flag} {path}: is a folder without a requests.jsonl; give the benchmark's result file")
+    return path
+
+
 def run_validate(args: argparse.Namespace) -> int:
     """``validate --measured FILE``: replay a real server's benchmark run(s) in the simulator and compare."""
-    from calibrate.measured import engine_overrides, measured_scenario
+    from calibrate.measured import engine_overrides, measured_scenario, recorded_overrides
     from traces.measured import read_measured_runs
 
-    if args.measured.is_dir():
-        raise UsageError(f"--measured {args.measured}: is a folder; give the benchmark's result file")
+    args.measured = _file_in(args.measured, "--measured")
     if not args.measured.is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
     policy = args.policy or "sglang"
@@ -87,6 +96,7 @@ def run_validate(args: argparse.Namespace) -> int:
     with usage_errors():  # a file that is not what it claims, a bad override, a model that does not fit: one line
         runs = read_measured_runs(args.measured, args.measured_format, which)
         overrides, engine_note = engine_overrides(runs[0], overrides)
+        overrides, recorded = recorded_overrides(runs[0], overrides, policy)
         scenario = measured_scenario(args.scenario, overrides, policy)
     compared = []
     with Bar(len(runs), "replay", "run", hidden=len(runs) == 1) as bar:
@@ -101,6 +111,8 @@ def run_validate(args: argparse.Namespace) -> int:
         f"{hw.name} x{scenario.serving.tp_size}, prefill {scenario.serving.prefill}, policy {policy}, engine "
         f"{scenario.engine.name} ({engine_note}): {time.perf_counter() - started:.1f} s"
     )
+    for note in recorded:
+        print(f"note: {note}")
     for run, _, notes, flag in compared:
         for note in dict.fromkeys([*notes, *([flag] if flag else [])]):
             print(f"{'warning' if note is flag else 'note'}: {run.source_path if len(runs) > 1 else ''}"
@@ -149,11 +161,19 @@ def _run_step_check(args: argparse.Namespace, overrides: list[str], policy: str,
 
 def _compare(run, scenario, seed: int, prefix_share: float | None):
     """Replay one measured run: (run, validation table, notes, cache-hit flag or None)."""
-    from calibrate.measured import measured_from_result, roofline_check, simulate_measured, validation_table
+    from calibrate.measured import (
+        chunked_stream,
+        measured_from_result,
+        pool_note,
+        roofline_check,
+        simulate_measured,
+        validation_table,
+    )
 
     result, workload, notes = simulate_measured(run, scenario, seed, prefix_share)
     simulated = measured_from_result(result, workload)
     flag = roofline_check(run, scenario) if workload.attrs.get("hash_block_tokens") is None else None
+    notes = [*notes, *filter(None, (chunked_stream(run), pool_note(run, scenario, result.kv_pool_gib)))]
     return run, (validation_table(run, simulated), _per_request(run, simulated)), notes, flag
 
 
@@ -169,8 +189,6 @@ def _write_measured(out: Path, compared: list):
     tables, per_request = [], []
     loads = [_load_value(run) for run, *_ in compared]
     label = _load_label(compared[0][0])
-    if any(math.isnan(x) for x in loads):  # runs sent all at once: the sweep is over the runs, in file order
-        loads, label = list(range(len(compared))), "run (file order)"
     for (run, (table, requests), _, _), load in zip(compared, loads, strict=True):
         tables.append(table.assign(run=run.source_path, load=load) if several else table)
         per_request.append(requests.assign(run=run.source_path) if several else requests)
@@ -182,7 +200,11 @@ def _write_measured(out: Path, compared: list):
         requests.to_csv(stage / "requests.csv", index=False)
         measured_cdfs(requests).savefig(stage / "validation_cdfs.png", dpi=120)
         if several:
-            measured_sweep(table, label).savefig(stage / "validation_sweep.png", dpi=120)
+            swept = table
+            if any(math.isnan(x) for x in loads):  # runs sent all at once: the curve is over the runs, in file order
+                order = {run.source_path: i for i, (run, *_) in enumerate(compared)}
+                swept, label = table.assign(load=table["run"].map(order)), "run (file order)"
+            measured_sweep(swept, label).savefig(stage / "validation_sweep.png", dpi=120)
     if several:  # one line per run and metric is long: the headline metrics
         keep = ["output_throughput_tok_s", "ttft_mean_ms", "tpot_mean_ms", "itl_p50_ms"]
         return table[table["metric"].isin(keep)]
@@ -225,7 +247,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     import pandas as pd
     import yaml
 
-    from calibrate.measured import engine_overrides, measured_scenario
+    from calibrate.measured import engine_overrides, measured_scenario, recorded_overrides
     from calibrate.measured_fit import MAX_HELD_OUT_ERROR_PCT, fit_measured, fitted_bounds, verdict
     from sim.config.loader import resolve_scenario_path
     from traces.measured import read_measured_runs
@@ -242,9 +264,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             resolve_scenario_path(scenario)
     if not items:
         raise UsageError("--from-measured: give at least one benchmark output file")
+    items = [str(_file_in(Path(item), "--from-measured")) for item in items]
     for item in items:
-        if Path(item).is_dir():
-            raise UsageError(f"--from-measured {item}: is a folder; give the benchmark's result files")
         if not Path(item).is_file():
             raise UsageError(f"--from-measured {item}: no such file")
     if args.measured_iterations < 1:
@@ -259,7 +280,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
             overrides, engine_note = engine_overrides(runs[0], args.overrides)
         else:
             overrides, engine_note = args.overrides, "the files name different engines: the scenario's"
+        overrides, recorded = recorded_overrides(runs[0], overrides, args.policy)
         scn = measured_scenario(scenario, overrides, args.policy)
+    for note in recorded:
+        print(f"note: {note}")
     print(f"engine: {scn.engine.name} ({engine_note})")
     most = 2 + (args.measured_iterations + 1) * (len(fitted_bounds(scn)) + 1)  # replays at most (calibrate/lsq.py)
     with Bar(most, "fit", "replay") as bar:
@@ -284,8 +308,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"verdict: {line}")
     for name in fit.at_bound:
         print(f"warning: {name} landed at a bound of its physical range ({fit.params[name]:g}); the profile says so")
-    print(f"error (mean |%| over TPOT, TTFT, ITL p50, E2E, throughput): fit {fit.fit_error_pct:.1f} %, "
-          f"held out ({fit.held_out[0]}) {fit.held_out_error_pct:.1f} %")  # fmt: skip
+    print(f"error (mean |%| over TPOT, TTFT, ITL p50, E2E, throughput), held out: {fit.held_out[0]}")
+    print(f"  the card:    fit {fit.card_fit_error_pct:.1f} %, held out {fit.card_held_out_error_pct:.1f} %")
+    print(f"  the profile: fit {fit.fit_error_pct:.1f} %, held out {fit.held_out_error_pct:.1f} %")
     if refused:
         print(f"error: held-out error {fit.held_out_error_pct:.1f} % > {MAX_HELD_OUT_ERROR_PCT:g} %: profile.yaml not "
               f"written (see {out}/fit_validation.csv; --force writes it anyway)", file=sys.stderr)  # fmt: skip
@@ -310,6 +335,7 @@ def _profile(args: argparse.Namespace, items: list[str], scn, fit, line: str) ->
             "fitted": ", ".join(fit.fitted), "at_bound": ", ".join(fit.at_bound),
             "without_effect": ", ".join(fit.without_effect), "verdict": line,
             "fit_error_pct": round(fit.fit_error_pct, 2), "held_out_error_pct": round(fit.held_out_error_pct, 2),
+            "card_held_out_error_pct": round(fit.card_held_out_error_pct, 2),
             "held_out": "; ".join(fit.held_out), "iterations": args.measured_iterations, "seed": args.seed,
             "date": time.strftime("%Y-%m-%d"),
         },

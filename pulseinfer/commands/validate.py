@@ -25,10 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "validation.csv, validation_steps.csv and validation_steps.png to --out. Needs torch. "
         "With --measured FILE instead (no torch): read a real server's benchmark output (SGLang bench_serving "
         "--output-details JSONL, vllm bench serve --save-detailed JSON, guidellm report, inference-perf per-request "
-        "lifecycle metrics, vLLM request spans; traces/README.md), rebuild its load (lengths; send times, else the "
-        "recorded rate or concurrency), simulate it on SCENARIO's model, card, TP and serving mode with --set "
-        "overrides, and write validation.csv (metric, measured, simulated, error_pct: mean/p50/p99 TTFT, TPOT, ITL, "
-        "E2E, throughput), requests.csv and CDF overlays of TTFT and TPOT.",
+        "lifecycle metrics, vLLM request spans, AIPerf profile_export.jsonl, MLCommons endpoints result_summary.json, "
+        "requests.jsonl + meta.json; traces/README.md), rebuild its load (lengths; send times, else the recorded "
+        "rate or concurrency; prefix-cache hits from recorded cached tokens, prompt texts or --prefix-share), "
+        "simulate it on SCENARIO's model, card, TP and serving mode with --set overrides, and write validation.csv "
+        "(metric, measured, simulated, error_pct: mean/p50/p99 TTFT, TPOT, ITL, E2E, throughput), requests.csv and "
+        "CDF overlays of TTFT and TPOT; with --run all, every run of the file and validation_sweep.png. A file of "
+        "per-iteration ForwardPassMetrics (SGLang, Dynamo) is checked step by step instead: step_check.csv, "
+        "step_check_summary.csv, step_check.png.",
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(

@@ -88,6 +88,7 @@ def _reference_requests_table(reqs: list) -> pd.DataFrame:
                 r.request_id, r.arrival_s, r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prompt_tokens,
                 r.output_tokens, r.generated, r.offloaded, r.num_preemptions, done, r.unfinished_reason,
                 max(r.prefix_hit_tokens, 0), r.decode_admit_s, ttft_client, tpot_client, admit - r.first_token_s,
+                r.scheduled_s,
             )
         )  # fmt: skip
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)

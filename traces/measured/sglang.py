@@ -54,6 +54,10 @@ HINT = "run with --output-details"
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
 # Keys only SGLang's result line has (vLLM's uses e2el, total_token_throughput, no retokenized counts).
 MARKER_KEYS = ("total_output_tokens_retokenized", "mean_e2e_latency_ms", "input_throughput", "dataset_name")
+STRONG_MARKER_KEYS = ("total_output_tokens_retokenized", "mean_e2e_latency_ms")  # never in a vLLM result
+# keys of vLLM's benchmark_serving results that SGLang's never writes: with one of them, the weak markers above
+# (vLLM's older results also have input_throughput) do not make the file SGLang's
+VLLM_KEYS = ("model_id", "tokenizer_id", "best_of", "mean_e2el_ms")
 
 
 def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> MeasuredRun:
@@ -159,9 +163,14 @@ def _per_request_lists(req: Any) -> dict[str, list]:
 
 
 def looks_like(obj: Any) -> bool:
-    """True for a bench_serving result object (`input_lens`, or `duration` + `completed`) with an SGLang-only key."""
+    """True for a bench_serving result object (`input_lens`, or `duration` + `completed`) with an SGLang-only key:
+    one of :data:`STRONG_MARKER_KEYS`, or another of :data:`MARKER_KEYS` and none of vLLM's :data:`VLLM_KEYS`."""
     is_bench = isinstance(obj, dict) and ("input_lens" in obj or ("duration" in obj and "completed" in obj))
-    return is_bench and any(k in obj for k in MARKER_KEYS)
+    if not is_bench:
+        return False
+    return any(k in obj for k in STRONG_MARKER_KEYS) or (
+        any(k in obj for k in MARKER_KEYS) and not any(k in obj for k in VLLM_KEYS)
+    )
 
 
 def _optional_str(value: Any) -> str | None:
