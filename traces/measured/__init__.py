@@ -99,10 +99,10 @@ def detect_measured_format(path: str | Path) -> str:
 
     Rules, in order: a list of objects with `start_time`/`end_time`/`info` -> "inference_perf"; an object with a
     `benchmarks` list -> "guidellm"; a bench result object (`input_lens`, or `duration` and `completed`) with an
-    SGLang-only key
-    (`total_output_tokens_retokenized`, `mean_e2e_latency_ms`; or `input_throughput`, `dataset_name` without any of
-    vLLM's `model_id`, `tokenizer_id`, `best_of`, `mean_e2el_ms`) -> "sglang_bench_serving"; with a vLLM-only key (`model_id`, `endpoint_type`, `failed`,
-    `burstiness`, `mean_e2el_ms`, `max_concurrent_requests`) -> "vllm_bench_serve"; a span with `gen_ai.*`
+    SGLang-only key (`total_output_tokens_retokenized`, `mean_e2e_latency_ms`; or `input_throughput`, `dataset_name`
+    without any of vLLM's `model_id`, `tokenizer_id`, `best_of`, `mean_e2el_ms`) -> "sglang_bench_serving"; with a
+    vLLM-only key (`model_id`, `endpoint_type`, `failed`, `burstiness`, `mean_e2el_ms`, `max_concurrent_requests`)
+    -> "vllm_bench_serve"; a span with `gen_ai.*`
     attributes or an OTLP `resourceSpans` object -> "vllm_otel_spans"; a record with `input_toks`, `output_toks` and
     vLLM's engine timestamps (`queued_ts`, `scheduled_ts`, `first_token_ts`, `last_token_ts`), or a folder holding
     a `requests.jsonl` -> "vllm_requests_jsonl"; a record with `metadata` and `metrics` (objects) ->
