@@ -100,3 +100,23 @@ def test_the_card_error_is_printed_beside_the_profile(tmp_path, capsys):
     main([*argv, "--force", "--out", str(tmp_path / "c")])
     out = capsys.readouterr().out
     assert "  the card:    fit " in out and "  the profile: fit " in out
+
+
+def test_a_cut_off_last_line_leaves_the_earlier_runs_readable(tmp_path, capsys):
+    line = (FIXTURES / "sglang_bench_serving.jsonl").read_text().strip().splitlines()[-1]
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(line + "\n" + line + "\n" + line[: len(line) // 2])  # a run stopped while writing the third
+    from traces.measured import count_runs, read_measured_runs
+
+    assert count_runs(torn) == 2
+    runs = read_measured_runs(torn, run="all")
+    assert len(runs) == 2 and any("line 3 is cut off" in n for n in runs[0].notes)
+    inner = tmp_path / "inner.jsonl"
+    inner.write_text(line[: len(line) // 2] + "\n" + line + "\n")  # not the end of the file: an error
+    assert main(["validate", "--measured", str(inner), *SETS, "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "invalid JSON" in err and "cut off" not in err
+    torn_only = tmp_path / "one.jsonl"
+    torn_only.write_text(line[: len(line) // 2])  # nothing before it: an error that says why
+    assert main(["validate", "--measured", str(torn_only), *SETS, "--out", str(tmp_path / "w")]) == 2
+    assert "invalid JSON" in capsys.readouterr().err

@@ -117,7 +117,7 @@ def detect_measured_format(path: str | Path) -> str:
     source = str(path)
     if Path(path).is_dir() and (Path(path) / vllm_requests.REQUESTS_FILE).is_file():
         return vllm_requests.TOOL
-    documents = parse_json_documents(read_text(path, desc), source, desc)
+    documents = parse_json_documents(read_text(path, desc), source, desc, [])  # the reader notes a cut-off last line
     first = documents[0][1]
     if inference_perf.looks_like(first):
         return inference_perf.TOOL
@@ -200,7 +200,8 @@ def count_runs(path: str | Path, fmt: str = "auto") -> int:
     name = detect_measured_format(path) if fmt == "auto" else fmt
     if name not in RUN_KEYWORDS:
         return 1
-    documents = parse_json_documents(read_text(path, "a measured-run file"), str(path), "a measured-run file")
+    desc = "a measured-run file"
+    documents = parse_json_documents(read_text(path, desc), str(path), desc, [])  # a cut-off last line is no run
     if name == guidellm.TOOL:
         benchmarks = documents[0][1].get("benchmarks") if isinstance(documents[0][1], dict) else None
         return len(benchmarks) if isinstance(benchmarks, list) else 1

@@ -408,11 +408,15 @@ def read_text(path: str | Path, fmt_desc: str) -> str:
         raise MeasuredFormatError(f"{path}: {fmt_desc}: cannot read file ({e.strerror or e})") from None
 
 
-def parse_json_documents(text: str, source: str, fmt_desc: str) -> list[tuple[int, Any]]:
+def parse_json_documents(
+    text: str, source: str, fmt_desc: str, cut_off: list[str] | None = None
+) -> list[tuple[int, Any]]:
     """The file as JSON documents: one document for a JSON file, else one per non-blank line (JSONL).
 
     Returns (1-based line number, parsed value) pairs. Python's json accepts the `Infinity`/`NaN` literals that
-    Python tools write (SGLang writes `"request_rate": Infinity`).
+    Python tools write (SGLang writes `"request_rate": Infinity`). ``cut_off``: where given, a JSONL file whose last
+    line is invalid and unterminated (a benchmark stopped while writing it) keeps its earlier lines; the line is left
+    out and a note appended to ``cut_off``. Otherwise that line is an error that says it is cut off.
     """
     import json
 
@@ -424,17 +428,27 @@ def parse_json_documents(text: str, source: str, fmt_desc: str) -> list[tuple[in
     except ValueError:
         pass
     documents = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             documents.append((line_no, json.loads(line)))
         except ValueError as e:
-            raise MeasuredFormatError(f"{source} line {line_no}: {fmt_desc}: invalid JSON ({e})") from None
+            torn = line_no == last and not text.endswith(("\n", "\r")) and documents
+            if torn and cut_off is not None:
+                cut_off.append(f"line {line_no} is cut off (the file ends inside it: a run stopped while writing?); "
+                               "left out, the earlier lines read")  # fmt: skip
+                break
+            why = "; the file ends inside this line (cut off)" if torn else ""
+            raise MeasuredFormatError(f"{source} line {line_no}: {fmt_desc}: invalid JSON ({e}){why}") from None
     return documents
 
 
-def pick_run(path: str | Path, run_index: int, fmt_desc: str) -> tuple[dict[str, Any], str, int, int]:
+def pick_run(
+    path: str | Path, run_index: int, fmt_desc: str, notes: list[str] | None = None
+) -> tuple[dict[str, Any], str, int, int]:
     """One run of a file of JSON documents (one per line or one whole): (its object, where it is for messages,
     its line, the number of runs in the file).
 
@@ -443,7 +457,7 @@ def pick_run(path: str | Path, run_index: int, fmt_desc: str) -> tuple[dict[str,
             object.
     """
     source = source_name(path)
-    documents = parse_json_documents(read_text(path, fmt_desc), source, fmt_desc)
+    documents = parse_json_documents(read_text(path, fmt_desc), source, fmt_desc, notes)
     if not -len(documents) <= run_index < len(documents):
         raise MeasuredFormatError(
             f"{source}: {fmt_desc}: run_index {run_index} out of range; the file holds {len(documents)} run(s)"

@@ -75,7 +75,8 @@ def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> Measured
         MeasuredFormatError: unreadable file, invalid JSON, `run_index` out of range, a missing per-request list
             (e.g. 'itls' when the run lacked --output-details), lists of different lengths, negative or NaN values.
     """
-    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC)
+    cut_off: list[str] = []
+    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC, cut_off)
     prompts, outputs, ttft, gaps, success = parse_bench_lists(obj, where, FMT_DESC, HINT)
     ttft_s = [t if ok else math.nan for t, ok in zip(ttft, success)]
     e2e_s = [t + math.fsum(g) if ok else math.nan for t, g, ok in zip(ttft, gaps, success)]
@@ -84,7 +85,7 @@ def read_sglang_bench_serving(path: str | Path, run_index: int = -1) -> Measured
     rate = rate_value(require(obj, "request_rate", where, FMT_DESC, HINT), "request_rate", where, FMT_DESC)
     concurrency = concurrency_value(obj.get("max_concurrency"), "max_concurrency", where, FMT_DESC)
     duration = as_seconds(require(obj, "duration", where, FMT_DESC, HINT), "duration", None, where, FMT_DESC)
-    notes = []
+    notes = list(cut_off)
     if num_runs > 1:
         notes.append(f"read run {run_index % num_runs + 1} of {num_runs} (line {line_no}, run_index={run_index})")
     notes.append("arrival_s: not recorded by bench_serving (NaN); e2e_s derived as ttft + sum(itls)")

@@ -84,10 +84,11 @@ def read_vllm_bench_serve(path: str | Path, run_index: int = -1) -> MeasuredRun:
         MeasuredFormatError: unreadable file, invalid JSON, a missing per-request list ('itls' etc. when the run
             lacked --save-detailed), lists of different lengths, negative or NaN values.
     """
-    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC)
+    cut_off: list[str] = []
+    obj, where, line_no, num_runs = pick_run(path, run_index, FMT_DESC, cut_off)
     prompts, outputs, ttft, gaps, success = parse_bench_lists(obj, where, FMT_DESC, HINT)
     n = len(prompts)
-    notes = []
+    notes = list(cut_off)
     if "latencies" in obj:
         raw = require_list(obj, "latencies", n, "input_lens", where, FMT_DESC, HINT)
         latencies = [as_seconds(v, "latencies", i, where, FMT_DESC) for i, v in enumerate(raw)]

@@ -105,7 +105,8 @@ def read_vllm_requests(path: str | Path) -> MeasuredRun:
     if path.is_dir():
         path = path / REQUESTS_FILE
     source = source_name(path)
-    documents = parse_json_documents(read_text(path, FMT_DESC), source, FMT_DESC)
+    cut_off: list[str] = []
+    documents = parse_json_documents(read_text(path, FMT_DESC), source, FMT_DESC, cut_off)
     if len(documents) == 1 and isinstance(documents[0][1], list):  # a whole-file JSON list of records
         documents = [(documents[0][0], item) for item in documents[0][1]]
     records = [_parse_record(obj, i, f"{source} line {line_no}") for i, (line_no, obj) in enumerate(documents)]
@@ -150,6 +151,7 @@ def read_vllm_requests(path: str | Path) -> MeasuredRun:
     else:
         duration = _meta_duration(meta)
     notes = [
+        *cut_off,
         f"ttft/e2e from the engine's own timestamps, anchored at {anchor_key}"
         + (" (arrival_time is on the wall clock, the rest on the monotonic one)" if epoch_arrivals else ""),
         "itl_s: requests.jsonl has no per-token times (None); request_rate not recorded (NaN)",
