@@ -27,7 +27,8 @@ import pandas as pd
 
 from sim.config import Scenario, load_scenario
 from traces.measured import MeasuredRun
-from traces.measured.schema import PREFIX_BLOCK_TOKENS, build_requests
+from traces.measured.prefix import PREFIX_BLOCK_TOKENS
+from traces.measured.schema import build_requests
 
 VALIDATION_COLUMNS = ["metric", "measured", "simulated", "error_pct"]
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -124,7 +125,7 @@ def prefix_chains(
     req: pd.DataFrame, prefix_share: float | None
 ) -> tuple[list[tuple[int, ...] | None], list[tuple[tuple[int, ...], int]], list[str]]:
     """The replay's prefix-cache view of each request (sim/serving/prefix.py; blocks of
-    :data:`traces.measured.schema.PREFIX_BLOCK_TOKENS` tokens), from, in order of precedence:
+    :data:`traces.measured.prefix.PREFIX_BLOCK_TOKENS` tokens), from, in order of precedence:
 
     - ``prefix_share``: every prompt starts with the same prefix, ``prefix_share`` of its tokens (0 < x < 1) or
       that many tokens (x >= 1), capped at the prompt; the first request to arrive computes it, later ones hit it;

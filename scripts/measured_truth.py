@@ -26,7 +26,7 @@ from calibrate.measured_fit import fit_measured, run_error, verdict
 from sim.run import simulate_policy
 from sim.workload import load_workload
 from traces.measured import read_measured, write_measured
-from traces.measured.schema import PREFIX_BLOCK_TOKENS
+from traces.measured.prefix import PREFIX_BLOCK_TOKENS
 
 CARD = ["serving.prefill=colocated", "model=llama-3.1-8b", "hardware=h100-sxm"]
 TRUTHS = {

@@ -25,7 +25,7 @@ from pulseinfer.cli import main
 from sim.run import simulate_policy
 from sim.workload import load_workload
 from traces.measured import read_measured, read_measured_runs, write_measured
-from traces.measured.schema import PREFIX_BLOCK_TOKENS, text_prefix_ids
+from traces.measured.prefix import PREFIX_BLOCK_TOKENS, text_prefix_ids
 
 CARD = ["serving.prefill=colocated", "model=llama-3.1-8b", "hardware=h100-sxm"]
 SETS = [a for s in CARD for a in ("--set", s)]
