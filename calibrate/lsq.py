@@ -54,6 +54,7 @@ def fit_bounded(
     bounds: dict[str, Bounds],
     start: dict[str, float],
     iterations: int,
+    prior_rows: int = 0,
 ) -> BoundedFit:
     """Fit the names of ``bounds`` so that ``residuals(values)`` is smallest (soft-L1, f_scale 0.1).
 
@@ -61,7 +62,10 @@ def fit_bounded(
         residuals: values (every name of ``bounds``) → float64 residual vector of a fixed length; deterministic.
         bounds: name → (low, high, log scale).
         start: a start value per name of ``bounds``.
-        iterations: the most Jacobians taken (each one evaluation per free name, forward differences).
+        iterations: the most steps taken (each after a Jacobian: one evaluation per free name, forward
+            differences).
+        prior_rows: how many trailing residuals are a pull toward the start rather than data; they do not count
+            when telling whether a name has an effect.
 
     Returns:
         :class:`BoundedFit`. A name whose Jacobian column at the start is zero is left at its start and listed as
@@ -91,7 +95,8 @@ def fit_bounded(
 
     u_all = np.array([to_unit(bounds[n], start[n]) for n in names])
     first = jacobian(u_all, names)
-    live = [j for j in range(len(names)) if np.any(np.abs(first[:, j]) > 1e-12)]
+    data = first[: len(first) - prior_rows]
+    live = [j for j in range(len(names)) if np.any(np.abs(data[:, j]) > 1e-12)]
     free = [names[j] for j in live]
     without_effect = [n for n in names if n not in free]
     u0 = u_all[live]
@@ -99,7 +104,7 @@ def fit_bounded(
         # the first Jacobian over the free names is the columns already taken (same evaluations, cached)
         found = least_squares(
             lambda u: evaluate(u, free), u0, jac=lambda u: jacobian(u, free), bounds=(0.0, 1.0), loss="soft_l1",
-            f_scale=0.1, max_nfev=iterations, method="trf", x_scale=1.0,
+            f_scale=0.1, max_nfev=iterations + 1, method="trf", x_scale=1.0,
         )  # fmt: skip
         u = found.x
     else:

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from calibrate.measured_server import chunked_stream
 from sim.config import Scenario, load_scenario
 from traces.measured import MeasuredRun
 from traces.measured.prefix import PREFIX_BLOCK_TOKENS
@@ -36,6 +37,8 @@ STATS = {"mean": None, "p50": 50.0, "p99": 99.0}
 POISSON_STREAM = 0x3EA5  # the replayed Poisson arrivals' own generator, beside the scenario's seed
 MAX_SPAN_S = 7 * 86400.0  # send times spread over more than a week are not one benchmark run
 QUEUE_FLOOR_MS = 1.0  # a measured queue time below this has no relative error worth printing
+UNORDERED_TOOL = "mlcommons_endpoints"  # its rows are rebuilt from histograms, in latency order, not send order
+ORDER_STREAM = 0x0D3E  # the generator that shuffles such rows into a send order, beside the scenario's seed
 
 
 def replay_workload(
@@ -82,6 +85,10 @@ def replay_workload(
         if long.any():
             notes.append(f"{int(long.sum())} request(s) longer than the model's max_seq_len {max_seq_len} left out")
             req = req[~long].reset_index(drop=True)
+    if run.tool == UNORDERED_TOOL:  # rows in latency order: sent in a seeded random order instead
+        rank = {rid: i for i, rid in enumerate(send_order(run, seed))}
+        req = req.iloc[np.argsort(req["request_id"].map(rank).to_numpy(), kind="stable")].reset_index(drop=True)
+        notes.append(f"send order: the rows were rebuilt from histograms in latency order; sent shuffled (seed {seed})")
     n = len(req)
     load = run.load
     if load == "trace":
@@ -150,6 +157,9 @@ def prefix_chains(
         what = f"{prefix_share:g} token(s)" if prefix_share >= 1 else f"{prefix_share:.0%} of each prompt"
         notes.append(f"prefix: every prompt starts with the same prefix ({what}; --prefix-share); the prefix cache "
                      f"holds it after its first prefill")  # fmt: skip
+        if not shared_blocks.any():
+            notes.append(f"prefix: --prefix-share {prefix_share:g} is shorter than one {block}-token block of every "
+                         "prompt: the cache holds whole blocks, so it changes nothing")  # fmt: skip
         whole = int((prompts <= prefix_share).sum()) if prefix_share >= 1 else 0
         if whole:
             notes.append(f"prefix: --prefix-share {prefix_share:g} is as long as {whole} of {n} prompts (median "
@@ -171,93 +181,6 @@ def prefix_chains(
         notes.append(f"prefix: the server reported cache hits on {int(hits.sum())} request(s) "
                      f"({int(cached[hits].sum()):,} tokens); those blocks are cached when the run starts")  # fmt: skip
     return chains, warm, notes
-
-
-def roofline_check(run: MeasuredRun, scenario: Scenario) -> str | None:
-    """A line flagging measured TTFTs the card cannot reach without prefix-cache hits, or None.
-
-    A request's TTFT is at least its prompt's GEMM FLOPs (2 · active weights · prompt tokens; attention left out, so
-    the bound is low) at the card's dense peak (FP8 for FP8 weights on FP8 tensor cores, else BF16) on its
-    ``tp_size`` GPUs. A measured TTFT below that bound needs tokens the server did not compute: cache hits.
-    """
-    req = run.requests[run.requests["success"]]
-    ttft = req["ttft_s"].to_numpy(float)
-    prompts = req["prompt_tokens"].to_numpy(float)
-    model, hw = scenario.model, scenario.hardware
-    peak = hw.fp8_tflops if model.dtype == "fp8" and hw.fp8_tflops is not None else hw.bf16_tflops
-    bound_s = (
-        2.0 * model.num_layers * model.active_params_per_layer * prompts / (peak * 1e12 * scenario.serving.tp_size)
-    )
-    ok = np.isfinite(ttft) & (ttft > 0)
-    below = ok & (ttft < bound_s)
-    if not below.any():
-        return None
-    factor = float(np.max(bound_s[below] / ttft[below]))
-    return (f"cache hits: {int(below.sum())} of {int(ok.sum())} requests' measured TTFT is below the time "
-            f"{hw.name} x{scenario.serving.tp_size} needs to prefill their prompts at its peak FLOPs (up to "
-            f"{factor:.1f}x below): the server had prefix-cache hits the replay cannot see; give --prefix-share "
-            "(or a file that records cached tokens or prompt texts)")  # fmt: skip
-
-
-def engine_overrides(run: MeasuredRun, overrides: list[str]) -> tuple[list[str], str]:
-    """``overrides`` with the engine the file records (``engine=NAME-VERSION``, :attr:`MeasuredRun.engine`) added
-    when they set none, and a phrase saying where the engine came from (for the command's report line). A release
-    newer than every line of its engine runs on that engine's newest line, and the phrase says so."""
-    from sim.config import ScenarioError
-    from sim.config.engine import resolve_engine
-
-    if any(item.split("=", 1)[0].strip() == "engine" for item in overrides):
-        return overrides, "set by --set engine"
-    found = run.engine
-    if found is None:
-        return overrides, "the file names no engine: the scenario's"
-    try:
-        line = resolve_engine(found)
-    except ScenarioError:  # a release newer than every line: the newest line of that engine, said so
-        kind = found.split("-", 1)[0]
-        newest = resolve_engine(kind)["name"]
-        return [f"engine={kind}", *overrides], f"from the file: {found}, newer than every line: the newest, {newest}"
-    note = f"; {line['note']}" if line.get("note") else ""
-    return [f"engine={found}", *overrides], f"from the file: {found}{note}"
-
-
-def recorded_overrides(run: MeasuredRun, overrides: list[str], policy: str) -> tuple[list[str], list[str]]:
-    """``overrides`` with the server settings the file records (a ``requests.jsonl``'s ``meta.json``: vLLM's
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``tensor_parallel_size``, ``enable_prefix_caching``) added where
-    ``overrides`` do not set them, and a note per setting taken (so none is read and silently left unused)."""
-    meta = run.summary.get("meta") if isinstance(run.summary.get("meta"), dict) else {}
-    kwargs = meta.get("engine_kwargs") if isinstance(meta.get("engine_kwargs"), dict) else {}
-    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
-    recorded = {
-        f"policy.{policy}.max_running_requests": kwargs.get("max_num_seqs"),
-        f"policy.{policy}.chunked_prefill_tokens": kwargs.get("max_num_batched_tokens"),
-        "serving.tp_size": kwargs.get("tensor_parallel_size"),
-        f"policy.{policy}.prefix_cache": kv.get("enable_prefix_caching"),
-    }
-    given = {item.split("=", 1)[0].strip() for item in overrides}
-    added, notes = [], []
-    for key, value in recorded.items():
-        if value is None or key in given or (isinstance(value, int) and not isinstance(value, bool) and value < 1):
-            continue
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        added.append(f"{key}={text}")
-        notes.append(f"{key}={text} (from the file's server settings)")
-    return [*added, *overrides], notes
-
-
-def pool_note(run: MeasuredRun, scenario: Scenario, pool_gib: float) -> str | None:
-    """A line comparing the server's KV pool (``meta.json``'s ``num_kv_tokens``) with the replay's, or None."""
-    meta = run.summary.get("meta") if isinstance(run.summary.get("meta"), dict) else {}
-    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
-    server = kv.get("num_kv_tokens")
-    if not isinstance(server, (int, float)) or server <= 0:
-        return None
-    replay = pool_gib * 2**30 / (scenario.model.kv_bytes_per_token / scenario.serving.tp_size)
-    if abs(replay / server - 1) < 0.1:
-        return None
-    return (f"KV pool: the server held {int(server):,} tokens (meta.json), the replay on {scenario.hardware.name} "
-            f"holds {int(replay):,} ({replay / server:.1f}x): admission and batch sizes differ; a card with the "
-            "server's memory matches it better")  # fmt: skip
 
 
 def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -> Scenario:
@@ -335,11 +258,22 @@ def measured_from_result(result, workload: pd.DataFrame, tool: str = "pulseinfer
     return MeasuredRun(table, tool, math.inf, cap, duration_s, None, "pulseinfer", len(table), {}, "<simulated>")
 
 
-def window_ids(run: MeasuredRun, share: float) -> tuple[np.ndarray, np.ndarray, str]:
+def send_order(run: MeasuredRun, seed: int = 0) -> np.ndarray:
+    """The request_ids of ``run`` in the order they were sent, as far as the file says: its row order, except for
+    rows rebuilt from histograms (MLCommons endpoints: sorted by latency, not sent so), which are shuffled by a
+    generator seeded with ``seed``."""
+    ids = run.requests["request_id"].to_numpy()
+    if run.tool == UNORDERED_TOOL:
+        return ids[np.random.default_rng([seed, ORDER_STREAM]).permutation(len(ids))]
+    return ids
+
+
+def window_ids(run: MeasuredRun, share: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
     """Split a run's successful requests into an early and a late window, the late one ``share`` of them:
     (early request_ids, late request_ids, the late window in words). Requests are ordered by when they happened as
-    the file records it: their send time where recorded; all at once, their finish (E2E); else their send order.
-    The whole run is always replayed; a window only says which requests are scored (never a subset replayed cold).
+    the file records it: their send time where recorded; all at once, their finish (E2E); else their send order
+    (:func:`send_order`). The whole run is always replayed; a window only says which requests are scored (never a
+    subset replayed cold).
     """
     req = run.requests[run.requests["success"] & (run.requests["output_tokens"] > 0)]
     if run.load == "trace":
@@ -347,24 +281,12 @@ def window_ids(run: MeasuredRun, share: float) -> tuple[np.ndarray, np.ndarray, 
     elif run.load == "all_at_once":
         key, what = req["e2e_s"].fillna(np.inf).to_numpy(float), "finished last"
     else:
-        key, what = req["request_id"].to_numpy(float), "sent last (send order)"
+        rank = {rid: i for i, rid in enumerate(send_order(run, seed))}
+        key, what = req["request_id"].map(rank).to_numpy(float), "sent last (send order)"
     order = np.argsort(key, kind="stable")
     ids = req["request_id"].to_numpy()[order]
     cut = max(1, min(len(ids) - 1, int(round(len(ids) * (1 - share)))))
     return ids[:cut], ids[cut:], f"the {len(ids) - cut} requests {what} of {run.source_path}"
-
-
-def chunked_stream(run: MeasuredRun) -> str | None:
-    """A note when the file's token gaps are per chunk, not per token (a stream that sends several tokens at once:
-    fewer gaps than output tokens − 1, by more than 10 % over the run), or None. Its ITL is then not compared."""
-    req = run.requests[run.requests["success"]]
-    pairs = [(len(g), int(o) - 1) for g, o in zip(req["itl_s"], req["output_tokens"], strict=True)
-             if g is not None and o > 1]  # fmt: skip
-    gaps, tokens = sum(g for g, _ in pairs), sum(t for _, t in pairs)
-    if not tokens or gaps >= 0.9 * tokens:
-        return None
-    return (f"ITL: the stream sent several tokens per chunk ({gaps:,} gaps for {tokens:,} tokens after the first, "
-            f"{tokens / max(gaps, 1):.1f} a chunk); its ITL is per chunk and is not compared (TPOT is)")  # fmt: skip
 
 
 def _stat(values: np.ndarray, stat: str) -> float:
@@ -375,20 +297,20 @@ def _stat(values: np.ndarray, stat: str) -> float:
     return float(values.mean()) if q is None else float(np.percentile(values, q))
 
 
-def run_metrics(run: MeasuredRun, scored: np.ndarray | None = None) -> dict[str, float]:
+def run_metrics(run: MeasuredRun, scored: np.ndarray | None = None, window: bool | None = None) -> dict[str, float]:
     """Mean, p50 and p99 of TTFT, TPOT, ITL (pooled) and E2E in ms over the successful requests, and the output
     and request throughput over the run's duration.
 
     ``scored``: the measured ``request_id`` s to score (a window of the run, :func:`window_ids`; a simulated run's
     requests are matched by their ``source_id``); None scores every request. A window's throughput is its requests'
-    tokens over their own span, first send to last finish, which needs send times (NaN without them)."""
+    tokens over their own span, first send to last finish, which needs send times (NaN without them); ``window``
+    False says ``scored`` is the whole run less what the replay left out (its duration stands). Default: whether
+    ``scored`` is given."""
     req = run.requests[run.requests["success"]]
+    window = scored is not None if window is None else window
     if scored is not None:
         key = "source_id" if "source_id" in req.columns else "request_id"
         req = req[req[key].isin(scored)]
-        window = True
-    else:
-        window = False
     out: dict[str, float] = {}
     columns = {"ttft": req["ttft_s"].to_numpy(float), "tpot": req["tpot_s"].to_numpy(float),
                "e2e": req["e2e_s"].to_numpy(float)}  # fmt: skip
@@ -424,7 +346,11 @@ def _span_s(run: MeasuredRun, req: pd.DataFrame, window: bool = False) -> float:
 def validation_table(measured: MeasuredRun, simulated: MeasuredRun, scored: np.ndarray | None = None) -> pd.DataFrame:
     """``metric, measured, simulated, error_pct`` for every metric both runs have (NaN where one lacks it), over the
     measured requests ``scored`` (None: all; :func:`run_metrics`)."""
-    a, b = run_metrics(measured, scored), run_metrics(simulated, scored)
+    window = scored is not None  # a window's throughput needs send times; the whole run's has the tool's duration
+    if "source_id" in simulated.requests.columns:  # only what was replayed is compared, on both sides
+        replayed = simulated.requests["source_id"].to_numpy()
+        scored = replayed if scored is None else np.intersect1d(scored, replayed)
+    a, b = run_metrics(measured, scored, window), run_metrics(simulated, scored, window)
     if chunked_stream(measured) is not None:  # per chunk, not per token: not comparable with the replay's ITL
         a.update({k: math.nan for k in a if k.startswith("itl_")})
     rows = []

@@ -30,6 +30,7 @@ import pandas as pd
 
 from calibrate.lsq import Bounds, fit_bounded, to_unit
 from calibrate.measured import measured_from_result, simulate_measured, validation_table, window_ids
+from calibrate.measured_server import chunked_stream, pool_note, roofline_check
 from calibrate.serving_fit import ENGINE_FIT_PARAMETERS, FIT_PARAMETERS
 from sim.config import Scenario
 from traces.measured import MeasuredRun
@@ -119,15 +120,22 @@ class MeasuredFit:
     trade_offs: list[tuple[str, str, float]] = field(default_factory=list)  # calibrate/lsq.py BoundedFit.trade_offs
     card_fit_error_pct: float = math.nan  # the card as it is, on the fit requests
     card_held_out_error_pct: float = math.nan  # ... and on the held-out ones
+    notes: list[str] = field(default_factory=list)  # what the replays of the card noted and flagged
 
 
-def split_runs(runs: list[MeasuredRun]) -> tuple[list[Part], str]:
+def split_runs(runs: list[MeasuredRun], seed: int = 0) -> tuple[list[Part], str]:
     """(the runs with their scored requests, what is held out in words): the last file when there are two or more,
     else the late window of the one file (:func:`calibrate.measured.window_ids`). Every run is replayed whole."""
     if len(runs) >= 2:
         parts = [Part(r, None, np.empty(0, np.int64)) for r in runs[:-1]]
-        return [*parts, Part(runs[-1], np.empty(0, np.int64), None)], f"file {runs[-1].source_path}"
-    early, late, words = window_ids(runs[0], HELD_OUT_FRACTION)
+        last = runs[-1].source_path
+        same_file = any(r.source_path.split("#")[0] == last.split("#")[0] for r in runs[:-1])
+        what = "run" if "#" in last and same_file else "file"
+        return [*parts, Part(runs[-1], np.empty(0, np.int64), None)], f"{what} {last}"
+    early, late, words = window_ids(runs[0], HELD_OUT_FRACTION, seed)
+    if not len(early) or not len(late):
+        raise ValueError(f"{runs[0].source_path}: {len(early) + len(late)} request(s) to score: too few to fit on "
+                         "some and hold out the rest; give a second file (or run)")  # fmt: skip
     return [Part(runs[0], early, late)], words
 
 
@@ -151,13 +159,24 @@ def replay_tables(
 ) -> dict[str, pd.DataFrame]:
     """Replay a part's run whole with ``params`` and score it: {"fit": table, "held_out": table} for the windows it
     has (a table over every request where a window is None)."""
-    result, workload, _ = simulate_measured(part.run, with_params(scenario, params), seed, prefix_share)
+    return replay_scored(part, scenario, params, seed, prefix_share)[0]
+
+
+def replay_scored(
+    part: Part, scenario: Scenario, params: dict[str, float], seed: int = 0, prefix_share: float | None = None
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """:func:`replay_tables` and what the replay noted, with the lines a user must see about the run (the cache-hit
+    roofline flag, a chunked stream, a KV pool unlike the server's)."""
+    scn = with_params(scenario, params)
+    result, workload, notes = simulate_measured(part.run, scn, seed, prefix_share)
     simulated = measured_from_result(result, workload)
     tables = {}
     for kind, ids in (("fit", part.fit_ids), ("held_out", part.held_ids)):
         if _scored(ids):
             tables[kind] = validation_table(part.run, simulated, ids).set_index("metric")
-    return tables
+    flag = roofline_check(part.run, scn) if workload.attrs.get("hash_block_tokens") is None else None
+    extra = (chunked_stream(part.run), pool_note(part.run, scn, result.kv_pool_gib), flag)
+    return tables, [*notes, *filter(None, extra)]
 
 
 def run_error(
@@ -224,7 +243,7 @@ def fit_measured(
     Args:
         runs: measured runs (files or runs of files), in order; the last is held out when there are two or more.
         scenario: the scenario they are replayed on (model, card, TP, serving mode, engine, one policy).
-        iterations: the most Jacobians the least squares takes.
+        iterations: the most steps the least squares takes.
         seed: seed of Poisson arrivals where a file records a rate but no send times.
         on_step: called with (evaluations so far, loss of the latest) after each replay of the fit runs.
         prefix_share: as :func:`calibrate.measured.replay_workload`.
@@ -232,25 +251,31 @@ def fit_measured(
     Raises:
         ValueError: a run that cannot be replayed (the message says why), or no metric to compare.
     """
-    parts, held_words = split_runs(runs)
+    parts, held_words = split_runs(runs, seed)
     card_errors: dict[str, list[float]] = {"fit": [], "held_out": []}
+    notes: list[str] = []
     for part in parts:  # the card as it is: a run that cannot be replayed says why, here
-        for kind, table in replay_tables(part, scenario, {}, seed, prefix_share).items():
+        tables, part_notes = replay_scored(part, scenario, {}, seed, prefix_share)
+        notes.extend(f"{part.run.source_path}: {n}" if len(parts) > 1 else n for n in part_notes)
+        for kind, table in tables.items():
             card_errors[kind].append(_table_errors(table)[1])
     bounds = fitted_bounds(scenario)
     start = {n: min(max(card_value(scenario, n), lo), hi) for n, (lo, hi, _) in bounds.items()}
     start_unit = np.array([to_unit(bounds[n], start[n]) for n in bounds])
     fit_parts = [p for p in parts if _scored(p.fit_ids)]
     history: list[float] = []
+    lengths: list[int] = []  # each fit part's residual count (what the file measured; the same at every value)
 
     def residuals(values: dict[str, float]) -> np.ndarray:
         logs = []
-        for part in fit_parts:
+        for i, part in enumerate(fit_parts):
             try:
                 table = replay_tables(Part(part.run, part.fit_ids, np.empty(0)), scenario, values, seed, prefix_share)
                 part_logs, _ = _table_errors(table["fit"])
-            except ValueError:  # nothing finished with these values
-                part_logs = np.full(len(FIT_METRICS), 3.0)
+            except ValueError:  # nothing finished with these values: as far off as a missing metric
+                part_logs = np.full(lengths[i] if i < len(lengths) else len(FIT_METRICS), 3.0)
+            if len(lengths) < len(fit_parts):
+                lengths.append(len(part_logs))
             logs.append(part_logs)
         logs = np.concatenate(logs) if logs else np.zeros(0)
         history.append(float(np.mean(np.abs(logs))) if len(logs) else math.nan)
@@ -261,7 +286,7 @@ def fit_measured(
 
     if not len(residuals(start)) > len(bounds):
         raise ValueError("no measured metric could be compared: the runs record none of " + ", ".join(FIT_METRICS))
-    found = fit_bounded(residuals, bounds, start, iterations)
+    found = fit_bounded(residuals, bounds, start, iterations, prior_rows=len(bounds))
     params = {k: float(f"{v:.4g}") for k, v in found.values.items()}
     tables, errors = {}, {"fit": [], "held_out": []}
     for part in parts:
@@ -275,6 +300,7 @@ def fit_measured(
     loss = float(np.mean(np.abs(residuals(params)[: -len(bounds)])))
     fit = MeasuredFit(params, loss, fit_error, held_error, [held_words], tables, found.fitted, found.at_bound,
                       found.without_effect, evaluations=found.evaluations, trade_offs=found.trade_offs)  # fmt: skip
+    fit.notes = list(dict.fromkeys(notes))
     fit.card_fit_error_pct = float(np.mean(card_errors["fit"]))
     fit.card_held_out_error_pct = float(np.mean(card_errors["held_out"]))
     fit.moved = moved_table(scenario, fit, bounds)

@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         dest="measured_iterations",
         type=int,
         default=8,
-        help="--from-measured: the most Jacobians of the least-squares fit (each one replay of the files per value)",
+        help="--from-measured: the most steps of the least-squares fit (each after a Jacobian: a replay per value)",
     )
     p.add_argument("--trials", dest="fit_trials", type=int, default=None, help=argparse.SUPPRESS)  # refused: renamed
     add_measured_options(p)

@@ -70,7 +70,8 @@ def _file_in(path: Path, flag: str) -> Path:
 
 def run_validate(args: argparse.Namespace) -> int:
     """``validate --measured FILE``: replay a real server's benchmark run(s) in the simulator and compare."""
-    from calibrate.measured import engine_overrides, measured_scenario, recorded_overrides
+    from calibrate.measured import measured_scenario
+    from calibrate.measured_server import engine_overrides, recorded_overrides
     from traces.measured import read_measured_runs
 
     args.measured = _file_in(args.measured, "--measured")
@@ -154,6 +155,8 @@ def _run_step_check(args: argparse.Namespace, overrides: list[str], policy: str,
     )
     for note in iterations.notes:
         print(f"note: {note}")
+    if not any(item.split("=", 1)[0].strip() == "engine" for item in overrides):
+        print(f"note: the records name no engine: the scenario's, {scenario.engine.name} (--set engine= to change)")
     print(summary.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
     print(f"\nwrote {args.out}/step_check.csv, step_check_summary.csv and step_check.png")
     return 0
@@ -161,14 +164,8 @@ def _run_step_check(args: argparse.Namespace, overrides: list[str], policy: str,
 
 def _compare(run, scenario, seed: int, prefix_share: float | None):
     """Replay one measured run: (run, validation table, notes, cache-hit flag or None)."""
-    from calibrate.measured import (
-        chunked_stream,
-        measured_from_result,
-        pool_note,
-        roofline_check,
-        simulate_measured,
-        validation_table,
-    )
+    from calibrate.measured import measured_from_result, simulate_measured, validation_table
+    from calibrate.measured_server import chunked_stream, pool_note, roofline_check
 
     result, workload, notes = simulate_measured(run, scenario, seed, prefix_share)
     simulated = measured_from_result(result, workload)
@@ -188,7 +185,7 @@ def _write_measured(out: Path, compared: list):
     several = len(compared) > 1
     tables, per_request = [], []
     loads = [_load_value(run) for run, *_ in compared]
-    label = _load_label(compared[0][0])
+    label = _load_label([run for run, *_ in compared])
     for (run, (table, requests), _, _), load in zip(compared, loads, strict=True):
         tables.append(table.assign(run=run.source_path, load=load) if several else table)
         per_request.append(requests.assign(run=run.source_path) if several else requests)
@@ -220,10 +217,14 @@ def _load_value(run) -> float:
     return float(run.max_concurrency) if run.max_concurrency is not None else math.nan
 
 
-def _load_label(run) -> str:
+def _load_label(runs) -> str:
+    """The sweep's x axis: request rate, concurrency, or both where the runs mix them."""
     import math
 
-    return "request rate [req/s]" if math.isfinite(run.request_rate) else "max concurrency [requests]"
+    rates = {math.isfinite(run.request_rate) for run in runs}
+    if rates == {True}:
+        return "request rate [req/s]"
+    return "max concurrency [requests]" if rates == {False} else "request rate [req/s] or max concurrency"
 
 
 def _per_request(measured, simulated):
@@ -233,7 +234,8 @@ def _per_request(measured, simulated):
     frames = []
     for source, run in (("measured", measured), ("simulated", simulated)):
         req = run.requests[run.requests["success"]]
-        frames.append(pd.DataFrame({"source": source, "request_id": req["request_id"].to_numpy(),
+        ids = req["source_id"] if "source_id" in req.columns else req["request_id"]  # the measured request's id
+        frames.append(pd.DataFrame({"source": source, "request_id": ids.to_numpy(),
                                     "ttft_ms": req["ttft_s"].to_numpy() * 1e3,
                                     "tpot_ms": req["tpot_s"].to_numpy() * 1e3}))  # fmt: skip
     return pd.concat(frames, ignore_index=True)
@@ -247,18 +249,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
     import pandas as pd
     import yaml
 
-    from calibrate.measured import engine_overrides, measured_scenario, recorded_overrides
-    from calibrate.measured_fit import MAX_HELD_OUT_ERROR_PCT, fit_measured, fitted_bounds, verdict
+    from calibrate.measured import measured_scenario
+    from calibrate.measured_fit import MAX_HELD_OUT_ERROR_PCT, fit_measured, fitted_bounds, split_runs, verdict
+    from calibrate.measured_server import files_engine, recorded_overrides
     from sim.config.loader import resolve_scenario_path
-    from traces.measured import read_measured_runs
+    from traces.measured import detect_iteration_file, read_measured_runs
 
     if args.fit_trials is not None:
         raise UsageError(f"--trials {args.fit_trials}: the measured fit is least squares, not a search; give "
-                         "--iterations N (the most Jacobians, default 8)")  # fmt: skip
+                         "--iterations N (the most steps, default 8)")  # fmt: skip
     items = list(args.from_measured)
     scenario = None
     last = items[-1] if items else ""
-    if last.endswith((".yaml", ".yml")) or (not Path(last).is_file() and not last.endswith(MEASURED_SUFFIXES)):
+    named = Path(last).is_file() or Path(last).is_dir() or last.endswith(MEASURED_SUFFIXES)
+    if last.endswith((".yaml", ".yml")) or not named:
         scenario = items.pop()  # the last item names the scenario (a missing .json/.jsonl/.csv is a measured file)
         with usage_errors("SCENARIO: "):
             resolve_scenario_path(scenario)
@@ -268,6 +272,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for item in items:
         if not Path(item).is_file():
             raise UsageError(f"--from-measured {item}: no such file")
+        with usage_errors():
+            per_iteration = detect_iteration_file(item)
+        if per_iteration:
+            raise UsageError(f"--from-measured {item}: holds per-iteration ForwardPassMetrics, not requests to "
+                             "replay; check them with `validate --measured`")  # fmt: skip
     if args.measured_iterations < 1:
         raise UsageError(f"--iterations {args.measured_iterations}: must be >= 1")
     which, prefix_share = measured_run_choice(args.measured_run), check_prefix_share(args.prefix_share)
@@ -276,12 +285,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with usage_errors():
         runs = [run for item in items for run in read_measured_runs(item, "auto", which)]
-        if len({r.engine for r in runs}) == 1:
-            overrides, engine_note = engine_overrides(runs[0], args.overrides)
-        else:
-            overrides, engine_note = args.overrides, "the files name different engines: the scenario's"
-        overrides, recorded = recorded_overrides(runs[0], overrides, args.policy)
+        overrides, engine_note = files_engine(runs, args.overrides)
+        overrides, recorded = recorded_overrides(runs, overrides, args.policy)
         scn = measured_scenario(scenario, overrides, args.policy)
+        split_runs(runs)  # enough requests to fit on some and hold out the rest: said before the fit
     for note in recorded:
         print(f"note: {note}")
     print(f"engine: {scn.engine.name} ({engine_note})")
@@ -302,6 +309,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         fit.moved.to_csv(stage / "moved.csv", index=False)
         if not refused:
             (stage / "profile.yaml").write_text(yaml.safe_dump(_profile(args, items, scn, fit, line), sort_keys=False))
+    for note in fit.notes:  # what the replays noted; the roofline flag is a warning
+        print(f"{'warning' if 'cache hits: ' in note else 'note'}: {note}")
     print(f"\nfitted to {len(runs)} run(s) of {len(items)} file(s), {fit.evaluations} replays, "
           f"{time.perf_counter() - started:.0f} s; what moved from the card (moved.csv):")  # fmt: skip
     print(fit.moved.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -324,7 +333,8 @@ def _profile(args: argparse.Namespace, items: list[str], scn, fit, line: str) ->
     were fitted, the engine card with them (sim/config/profiles.py applies both)."""
     hardware_values = {k: v for k, v in fit.params.items() if not k.startswith("engine.")}
     engine_values = {k.split(".", 1)[1]: v for k, v in fit.params.items() if k.startswith("engine.")}
-    hardware = {**scn.hardware.model_dump(mode="json"), **hardware_values, "measured": True}
+    source = f"{scn.hardware.name} with values fitted by calibrate --from-measured on {', '.join(items)}"
+    hardware = {**scn.hardware.model_dump(mode="json"), **hardware_values, "measured": True, "source": source}
     profile = {
         "name": f"{scn.hardware.name}-from-measured",
         "source": "pulseinfer calibrate --from-measured " + " ".join(items),
@@ -341,6 +351,7 @@ def _profile(args: argparse.Namespace, items: list[str], scn, fit, line: str) ->
         },
         "hardware": hardware,
     }  # fmt: skip
-    if engine_values:
-        profile["engine"] = {"name": scn.engine.name, **engine_values}  # laid over the line (sim/config/profiles.py)
+    # the line the host costs were fitted on, always (the card's catch-alls too are that line's): laid over it, and a
+    # scenario of another line is refused (sim/config/profiles.py)
+    profile["engine"] = {"name": scn.engine.name, **engine_values}
     return profile

@@ -144,7 +144,12 @@ def apply_profile_engine(raw: dict[str, Any]) -> dict[str, Any]:
                 f"engine: the scenario runs {short_repr(named)} and its profile carries host costs fitted on "
                 f"{short_repr(line)}; give the profile's engine (--set engine={line}) or a profile fitted on yours"
             )
-    raw["engine"] = {**fitted, "name": line} if not isinstance(given, dict) else {**given, **fitted}
+    if not isinstance(given, dict):
+        raw["engine"] = {**fitted, "name": line}
+    else:  # values the scenario or --set changed from the line's card are the user's and win over the fit
+        card = engine_card(line)
+        own = {k: v for k, v in given.items() if k in fitted and k != "name" and v != card.get(k)}
+        raw["engine"] = {**given, **fitted, **own}
     return raw
 
 

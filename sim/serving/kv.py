@@ -109,12 +109,11 @@ class KvState:
         order, so the last is the most recently used; one that does not fit, even after evicting earlier ones, is
         left out. Returns the chains inserted (0 without a prefix cache)."""
         inserted = 0
-        for ids, tokens in chains if self.prefix is not None else ():
-            path, _ = self.prefix.match(ids, tokens, block_tokens)
-            new = sum(-(-t // self.prefix.page_tokens) for t in self.prefix.chain_tokens(ids, tokens, block_tokens))
-            if self.make_room(new - sum(node.blocks for node in path)):
+        for ids, tokens in chains if self.prefix is not None else ():  # room for the whole chain: eviction may
+            whole = sum(-(-t // self.prefix.page_tokens) for t in self.prefix.chain_tokens(ids, tokens, block_tokens))
+            if self.make_room(whole):  # take the part already cached, which is then added again
                 path, _, added = self.prefix.acquire(ids, tokens, block_tokens, self.clock())
-                self.device.allocate(added)
+                assert self.device.allocate(added), "warm: room made for the chain it does not have"
                 self.prefix.release(path, self.clock())
                 inserted += 1
         return inserted

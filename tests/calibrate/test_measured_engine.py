@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.measured import engine_overrides
+from calibrate.measured_server import engine_overrides
 from traces.measured.engine import engine_from
 
 

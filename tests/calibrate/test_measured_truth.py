@@ -12,15 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibrate.measured import (
-    measured_from_result,
-    measured_scenario,
-    roofline_check,
-    simulate_measured,
-    validation_table,
-    window_ids,
-)
+from calibrate.measured import measured_from_result, measured_scenario, simulate_measured, validation_table, window_ids
 from calibrate.measured_fit import fit_measured, fitted_bounds, run_error, with_params
+from calibrate.measured_server import roofline_check
 from pulseinfer.cli import main
 from sim.run import simulate_policy
 from sim.workload import load_workload
