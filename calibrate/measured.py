@@ -187,9 +187,15 @@ def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -
     """The scenario a measured run is replayed on: ``scenario`` + ``overrides``, one policy, every table kept.
 
     Raises:
-        ScenarioError: bad overrides, or a policy the scenario does not define.
+        ScenarioError: bad overrides, a policy the scenario does not define, or ``serving.replicas`` > 1.
     """
-    return load_scenario(scenario, [*overrides, f"policies={policy}", "run.tables=all", "run.progress=false"])
+    from sim.config import ScenarioError
+
+    scn = load_scenario(scenario, [*overrides, f"policies={policy}", "run.tables=all", "run.progress=false"])
+    if scn.serving.replicas > 1:  # a fleet keeps no step tables, which the replay's token gaps come from
+        raise ScenarioError(f"serving.replicas: {scn.serving.replicas}: a measured run is replayed on one server; "
+                            "give each replica's benchmark file on its own (set serving.replicas=1)")  # fmt: skip
+    return scn
 
 
 def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0, prefix_share: float | None = None):
@@ -208,6 +214,11 @@ def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0, prefi
         notes.append(f"prefix: the replay knows shared prefixes but the scenario's prefix cache is off "
                      f"(engine {scenario.engine.name}); they are computed every time")  # fmt: skip
     result = simulate_policy(scenario, workload, scenario.policies[0])
+    if scenario.run.horizon_s is not None:
+        cut = int(horizon_cut(result.requests.set_index("request_id").reindex(workload["request_id"].to_numpy())).sum())
+        if cut:
+            notes.append(f"run.horizon_s {scenario.run.horizon_s:g} s cut {cut} of {len(workload)} replayed requests "
+                         "(not sent or not finished by then): they are left out of both sides")  # fmt: skip
     if not np.isfinite(result.requests["finish_s"].to_numpy(float)).any():
         reasons = result.requests["unfinished_reason"].dropna().unique().tolist()
         raise ValueError(
@@ -215,6 +226,14 @@ def simulate_measured(run: MeasuredRun, scenario: Scenario, seed: int = 0, prefi
             "check the scenario's model, card and serving mode"
         )
     return result, workload, notes
+
+
+def horizon_cut(requests: pd.DataFrame) -> np.ndarray:
+    """Per row of a simulation's request table reindexed on the workload: cut by ``run.horizon_s`` (never arrived,
+    or unfinished when the horizon came)."""
+    from sim.metrics.outcomes import HORIZON
+
+    return (requests["arrival_s"].isna() | (requests["unfinished_reason"] == HORIZON)).to_numpy()
 
 
 def token_gaps(requests: pd.DataFrame, steps: pd.DataFrame) -> list[np.ndarray]:
@@ -239,8 +258,11 @@ def token_gaps(requests: pd.DataFrame, steps: pd.DataFrame) -> list[np.ndarray]:
 
 
 def measured_from_result(result, workload: pd.DataFrame, tool: str = "pulseinfer_simulate") -> MeasuredRun:
-    """A simulated run as a :class:`MeasuredRun` (send times, TTFT, ITLs as the tools record them)."""
-    req = result.requests.set_index("request_id").loc[workload["request_id"]].reset_index()
+    """A simulated run as a :class:`MeasuredRun` (send times, TTFT, ITLs as the tools record them). Requests that
+    ``run.horizon_s`` cut (never sent, or unfinished at the horizon) are not in it (:func:`horizon_cut`)."""
+    req = result.requests.set_index("request_id").reindex(workload["request_id"].to_numpy())
+    cut = horizon_cut(req)
+    req, workload = req[~cut].rename_axis("request_id").reset_index(), workload[~cut]
     itl = token_gaps(req, result.steps)
     ttft = (req["first_token_s"] - req["arrival_s"]).to_numpy()
     e2e = (req["finish_s"] - req["arrival_s"]).to_numpy()

@@ -2,8 +2,9 @@
 
 :func:`results_folder` is entered before any work. It checks that ``--out`` can be written (so an unwritable
 path fails in a second, not after the simulation), creating nothing until every check passed, then creates a
-hidden staging folder beside it (``.NAME.partial-XXXX`` in the same parent, hence the same file system, with the
-permissions the umask gives a new folder) and yields it; the command writes every file there. On success the
+hidden staging folder beside it (``.NAME.partial-PID-XXXX`` in the same parent, hence the same file system, with the
+permissions the umask gives a new folder) and yields it (a staging folder a killed run left, whose PID is gone, is
+removed first, with a note: :func:`remove_stale_stages`); the command writes every file there. On success the
 staging folder replaces ``--out`` in one rename, so a reader sees the previous run's folder or this run's, never
 a mix. On any error, Ctrl-C, SIGTERM or SIGHUP the staging folder (and any parent folder the run created) is
 removed and ``--out`` is left exactly as it was; the renames themselves hold those signals until they are done,
@@ -186,7 +187,8 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
     created = _make_parents(out, flag)  # removed again if the run fails
     stage = None
     try:
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.absolute().parent))
+        remove_stale_stages(out)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.absolute().parent))
         os.chmod(stage, 0o777 & ~_umask())
         copied = _copy_for_update(out, stage, claims) if update and out.is_dir() else {}
         yield stage
@@ -205,6 +207,39 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
             except OSError:
                 break
         raise
+
+
+STALE_UNNAMED_S = 3600.0  # a staging folder without its writer's process id (older versions) is stale after this
+
+
+def remove_stale_stages(out: Path) -> list[Path]:
+    """Remove the staging folders of ``out`` that a run killed outright left behind (SIGKILL, a power cut: no
+    ``finally`` ran) and say so on stderr, one line each. A staging folder is named ``.NAME.partial-PID-XXXX``; it is
+    stale when process PID is gone (one of another user, or whose process id cannot be checked, is left alone); a
+    folder of an earlier version, without the id, when it is older than :data:`STALE_UNNAMED_S`. Returns the folders
+    removed."""
+    import glob
+    import sys
+    import time
+
+    removed = []
+    for stage in out.absolute().parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        pid_text = stage.name.rsplit(".partial-", 1)[1].split("-", 1)[0]
+        try:
+            if pid_text.isdigit():
+                os.kill(int(pid_text), 0)  # raises ProcessLookupError when the writer is gone
+                continue
+            if time.time() - stage.stat().st_mtime < STALE_UNNAMED_S:
+                continue
+        except ProcessLookupError:
+            pass
+        except OSError:  # PermissionError: another user's live process; a folder gone meanwhile
+            continue
+        if stage.is_dir() and not stage.is_symlink():
+            shutil.rmtree(stage, ignore_errors=True)
+            removed.append(stage)
+            print(f"note: removed {stage}, the staging folder of an earlier run that was killed", file=sys.stderr)
+    return removed
 
 
 def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iterable[str] = ()) -> None:

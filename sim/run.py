@@ -165,17 +165,15 @@ def simulate_fleet(
     its summary row (``simulate_cluster``'s, with :data:`FLEET_COLUMNS`) and per-replica rows.
 
     Raises:
-        ScenarioError: a session (closed-loop) workload, which the router cannot replay; or the workload's clock
-            would outrun float64.
-        CapacityError: if the model does not fit in HBM.
-        PhysicsError: the run broke a physical bound (a simulator bug).
+        ScenarioError: a session (closed-loop) workload, which the router cannot replay; more replicas than
+            requests; or the workload's clock would outrun float64.
+        CapacityError: if the model does not fit in HBM. PhysicsError: a broken physical bound (a simulator bug).
     """
     n = scenario.serving.replicas
-    if traces.is_session_table(workload):
-        raise ScenarioError(
-            f"serving.replicas: {n} needs an open-loop workload; a session trace is replayed closed loop on one "
-            "replica (set serving.replicas=1)"
-        )
+    if traces.is_session_table(workload) or n > len(workload):
+        raise ScenarioError(f"serving.replicas: {n} needs an open-loop workload of at least as many requests; this "
+                            f"one is {'a session trace' if traces.is_session_table(workload) else f'{len(workload)}'}"
+                            " (set serving.replicas=1, or fewer)")  # fmt: skip
     result = simulate_cluster(
         summary_only(scenario), workload, policy_name, n, scenario.serving.router, seed_index, on_finish
     )

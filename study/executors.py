@@ -90,13 +90,43 @@ def probe_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
     if not sep or not host or not port.isdigit():
         raise ExecutorError(f"{address!r}: not a Ray address; {expected}", "ray_address")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        connection = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__  # e.g. "Connection refused"; a timeout has no strerror
         raise ExecutorError(
             f"{address}: nothing accepts connections at {host}:{port} ({reason}, {timeout_s:g} s timeout); {expected}",
             "ray_address",
         ) from None
+    with connection:
+        if not speaks_grpc(connection):
+            raise ExecutorError(
+                f"{address}: {host}:{port} accepts connections but gives no gRPC answer within {timeout_s:g} s, as a "
+                f"Ray head (GCS) or Ray client server would; {expected}",
+                "ray_address",
+            )
+
+
+# An HTTP/2 client's first bytes (RFC 9113 §3.4): the preface and an empty SETTINGS frame.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4  # frame type a server's first frame has (RFC 9113 §3.4: its connection preface)
+
+
+def speaks_grpc(connection: socket.socket) -> bool:
+    """Whether the server at the other end of ``connection`` answers an HTTP/2 client preface with the SETTINGS
+    frame every HTTP/2 server sends first. Ray's GCS and its client server are gRPC, so HTTP/2: a port that is open
+    but is something else (a web server, a database, nothing listening behind a proxy) says nothing or something
+    else, and ``ray.init`` would wait on it without a bound. Uses the socket's timeout."""
+    try:
+        connection.sendall(HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # a timeout, a reset
+        return False
+    return header[3] == HTTP2_SETTINGS
 
 
 def run_tasks(

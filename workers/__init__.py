@@ -7,6 +7,10 @@
 2. a worker still alive after :data:`STOP_GRACE_S` is killed; then the pool is shut down, and with no worker
    left, multiprocessing's resource tracker exits too.
 
+A worker also ends by itself once its parent is gone, whatever ended the parent (SIGKILL included, which runs no
+stop at all): it watches its parent id (:func:`_watch_parent`), so no worker, and then no resource tracker, outlives
+the run.
+
 SIGINT, SIGTERM and SIGHUP that arrive while the workers stop are delivered once they have stopped (a second
 Ctrl-C cannot cut the stop short). Workers ignore SIGINT and SIGHUP: the terminal's Ctrl-C and hangup reach the
 whole process group, and the parent alone decides what stops. Workers are spawned (no fork: they start clean, as on
@@ -36,6 +40,7 @@ from typing import Any
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
 STOP_GRACE_S = 10.0  # a stopped worker's time to unwind its task before it is killed
 POLL_S = 0.5  # how often a waiting pool calls its ``on_wait``
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive
 
 
 class WorkerPool:
@@ -47,7 +52,7 @@ class WorkerPool:
 
     def __init__(self, jobs: int) -> None:
         self._pool = ProcessPoolExecutor(
-            max_workers=jobs, mp_context=get_context("spawn"), initializer=_START[0], initargs=_START[1]
+            max_workers=jobs, mp_context=get_context("spawn"), initializer=_boot, initargs=(os.getpid(),)
         )
 
     def __enter__(self) -> WorkerPool:
@@ -139,14 +144,23 @@ def _init_worker() -> None:
     sys.unraisablehook = _quiet_stop
 
 
-# A new worker's first act (its initializer): block SIGINT and SIGHUP. ``signal.pthread_sigmask`` is a builtin, so
-# unpickling it imports nothing; ``_init_worker`` (which imports the simulator with this module) then runs before the
-# first task. Without pthread_sigmask (not POSIX): ``_init_worker`` as the initializer.
-_START: tuple[Callable[..., Any], tuple] = (
-    (signal.pthread_sigmask, (signal.SIG_BLOCK, [s for s in HELD_SIGNALS if s != signal.SIGTERM]))
-    if hasattr(signal, "pthread_sigmask")
-    else (_init_worker, ())
-)
+def _boot(parent: int) -> None:
+    """A new worker's first act (its initializer; this module imports the standard library only): block SIGINT and
+    SIGHUP, then watch the parent (:func:`_watch_parent`). ``_init_worker`` runs before the first task. Without
+    pthread_sigmask (not POSIX) it runs here instead."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, [s for s in HELD_SIGNALS if s != signal.SIGTERM])
+    else:
+        _init_worker()
+    threading.Thread(target=_watch_parent, args=(parent,), name="watch-parent", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    """End this worker once its parent is gone, whatever ended the parent (SIGKILL included, which leaves the parent
+    no chance to stop its workers): the worker is then re-parented, and its parent id changes."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(128 + signal.SIGKILL)
 
 
 def _quiet_stop(unraisable: object) -> None:

@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.cases import case_names, cases_table, load_case, run_case, select_cases
     from calibrate.serving_cases import serving_case_names
 
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
+    if only is not None and not only:
+        raise UsageError(f"--only {args.only!r}: no case named; give case names, comma-separated (or leave --only out)")
     if args.cv is not None:
         return _run_cv(args, only)
     published = args.suite in ("all", "published")

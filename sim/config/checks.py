@@ -92,6 +92,9 @@ RATE_RANGES: dict[str, tuple[float, float]] = {
     "gpu_gather_gbps": GBPS_RANGE,
     "nvlink_bandwidth_gbps": GBPS_RANGE,
     "host_dram_gbps_per_socket": GBPS_RANGE,
+    "fp8_tflops": (1e-6, 1e5),
+    "hbm_gib": (1e-3, 1e4),  # memory, GiB: 1 MiB .. 10 TiB per GPU (a B200 has 180 GiB)
+    "host_dram_gib": (1e-3, 1e5),  # .. 100 TiB of host DRAM
 }
 LATENCY_US_MAX = 1e6  # one second for one transfer, call, launch or step overhead
 LATENCY_FIELDS = (

@@ -96,9 +96,13 @@ def read_profile(profile: str | Path, base_dir: Path | None = None) -> dict[str,
     except OSError as exc:  # a name the system will not look up (too long)
         raise ProfileError(f"profile: cannot look up {short_repr(str(profile))} ({exc.strerror})") from None
     try:
-        return read_yaml(path, what="profile: ")  # the shared reader: unique keys, line and column
+        data = read_yaml(path, what="profile: ")  # the shared reader: unique keys, line and column
     except ScenarioError as exc:
         raise ProfileError(str(exc)) from None
+    keys = ", ".join(sorted(set(data) & {"workload", "serving", "policies", "policy", "run", "slo"})) or "card names"
+    if keys != "card names" or any(isinstance(data.get(k), str) for k in FILLED_SECTIONS):
+        raise ProfileError(f"profile: {path} is a scenario (it has {keys}), not a profile; give it as SCENARIO")
+    return data
 
 
 def load_profile(profile: str | Path) -> Profile:
@@ -122,13 +126,8 @@ def write_profile(profile: Profile, path: Path) -> None:
 
 
 def apply_profile_engine(raw: dict[str, Any]) -> dict[str, Any]:
-    """Lay a profile's ``engine`` section (host costs fitted for one release line) over the scenario's engine: used
-    when the scenario names no engine or names one of that line (as a measured file's engine does); refused when it
-    names another engine, whose host path the fitted values do not describe.
-
-    Raises:
-        ProfileError: the scenario's engine is not the profile's line.
-    """
+    """Lay a profile's ``engine`` section (host costs fitted on one release line) over the scenario's engine of that
+    line (values the scenario changed from the line's card win). Raises ProfileError for another engine."""
     from sim.config.engine import engine_card
 
     prof = raw.get("profile")

@@ -60,7 +60,7 @@ class ServingSpec(Spec):
     usage_context: Literal["serve", "offline"] = "serve"
     num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
     tp_size: Literal[1, 2, 4, 8] = 1
-    replicas: PositiveInt = 1  # decode replicas (each of tp_size GPUs)
+    replicas: Annotated[int, Field(ge=1, le=100_000)] = 1  # decode replicas of tp_size GPUs (≤ any real cluster)
     router: Literal["round_robin", "least_tokens", "prefix_aware"] = "round_robin"  # cluster.py ALL_ROUTERS
 
 

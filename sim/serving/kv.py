@@ -104,10 +104,9 @@ class KvState:
         return self.device.free >= blocks
 
     def warm(self, chains: list[tuple[tuple[int, ...], int]], block_tokens: int) -> int:
-        """Put prompt prefixes in the prefix cache before a run, unreferenced (what a server's cache held when a
-        measured run began: calibrate/measured.py ``prefix_chains``). Each is ``(hash ids, tokens)``, inserted in
-        order, so the last is the most recently used; one that does not fit, even after evicting earlier ones, is
-        left out. Returns the chains inserted (0 without a prefix cache)."""
+        """Put ``(hash ids, tokens)`` prefixes in the prefix cache before a run, unreferenced, in order (the last most
+        recently used; one that does not fit even after evicting earlier ones is left out): what a measured server's
+        cache held (calibrate/measured.py ``prefix_chains``). Returns the chains inserted."""
         inserted = 0
         for ids, tokens in chains if self.prefix is not None else ():  # room for the whole chain: eviction may
             whole = sum(-(-t // self.prefix.page_tokens) for t in self.prefix.chain_tokens(ids, tokens, block_tokens))

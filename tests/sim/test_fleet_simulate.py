@@ -101,7 +101,8 @@ def test_the_bill_counts_every_gpu_and_prices_only_when_asked():
         ("cost.gpu_hour_usd.foo=1", ["cost.gpu_hour_usd", "'foo'", "h200"]),
         ("cost.gpu_hour_usd.h200=0", ["cost.gpu_hour_usd.h200", "greater than 0"]),
         ("cost.gpu_hour_usd.h200=inf", ["cost.gpu_hour_usd.h200"]),
-        ("serving.replicas=0", ["serving.replicas", "greater than 0"]),
+        ("serving.replicas=0", ["serving.replicas", "greater than or equal to 1"]),
+        ("serving.replicas=1000000", ["serving.replicas", "less than or equal to 100000"]),
         ("serving.router=random", ["serving.router", "prefix_aware"]),
     ],
 )

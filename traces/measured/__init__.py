@@ -40,6 +40,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from traces.measured import (
     aiperf,
     forward_pass,
@@ -182,8 +184,13 @@ def read_measured(path: str | Path, fmt: str = "auto", **kwargs: Any) -> Measure
         raise MeasuredFormatError(
             f"{path}: unknown measured format {fmt!r}; expected 'auto' or one of {list(MEASURED_FORMATS)}"
         )
-    run = _READERS[name](path, **kwargs)
+    try:
+        run = _READERS[name](path, **kwargs)
+    except OverflowError as exc:  # a sum of gaps past float64 (math.fsum raises where the plain sum gives inf)
+        detail = f"a sum of its times overflows ({exc}); expected finite seconds"
+        raise MeasuredFormatError(f"{path}: {name}: {detail}") from None
     _check_gap_counts(run, path, name)
+    check_physics(run, path, name)
     return run
 
 
@@ -238,6 +245,30 @@ def read_measured_runs(path: str | Path, fmt: str = "auto", run: int | str | Non
             one.source_path = f"{one.source_path}#{index}"
         runs.append(one)
     return runs
+
+
+def check_physics(run: MeasuredRun, path: str | Path, name: str) -> None:
+    """What no server can have measured, for every completed request: a TTFT below 0, an E2E below its TTFT (a
+    negative TPOT), a non-finite time, a negative gap.
+
+    Raises:
+        MeasuredFormatError: one line naming the request's index, the field and both values.
+    """
+    req = run.requests
+    ok = req["success"].to_numpy(bool)
+    ttft, e2e = req["ttft_s"].to_numpy(float), req["e2e_s"].to_numpy(float)
+    for label, bad in (
+        ("ttft_s: expected a finite time >= 0", ok & ~(np.isfinite(ttft) | np.isnan(ttft)) | ok & (ttft < 0)),
+        ("e2e_s: expected a finite time >= 0", ok & (np.isinf(e2e) | (e2e < 0))),
+        ("e2e_s: shorter than its ttft_s (a negative TPOT)", ok & (e2e < ttft - 1e-9)),
+    ):
+        if bad.any():
+            i = int(np.argmax(bad))
+            got = f"got ttft {float(ttft[i])!r} s, e2e {float(e2e[i])!r} s"
+            raise MeasuredFormatError(f"{path}: {name}: request {i}: {label}, {got}")
+    for i, gaps in enumerate(req["itl_s"]):
+        if gaps is not None and len(gaps) and not (np.isfinite(gaps).all() and (gaps >= 0).all()):
+            raise MeasuredFormatError(f"{path}: {name}: request {i}: itl_s: expected finite gaps >= 0")
 
 
 def _check_gap_counts(run: MeasuredRun, path: str | Path, name: str) -> None:

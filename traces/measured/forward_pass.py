@@ -358,7 +358,7 @@ def looks_like_text(text: str) -> bool:
     for candidate in (text.strip(), first):
         try:
             return looks_like(json.loads(candidate))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser (the run readers say which)
             continue
     return False
 

@@ -353,9 +353,19 @@ def source_name(path: str | Path) -> str:
 # File reading shared by the readers
 
 
+MAX_FILE_BYTES = 2 * 2**30  # a benchmark output larger than 2 GiB is not read whole into memory
+MAX_JSON_DEPTH = 64  # nesting a benchmark output never needs (Python's parser would recurse out of its stack)
+
+
 def read_text(path: str | Path, fmt_desc: str) -> str:
-    """The whole file as text; MeasuredFormatError for a missing or unreadable file."""
+    """The whole file as text; MeasuredFormatError for a missing, unreadable or larger than :data:`MAX_FILE_BYTES`
+    file."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise MeasuredFormatError(f"{path}: {fmt_desc}: {size / 2**30:.1f} GiB, larger than the "
+                                      f"{MAX_FILE_BYTES / 2**30:.0f} GiB a benchmark output is read whole up to; "
+                                      "split it (one run per file)")  # fmt: skip
         with open(path, "rb") as f:
             return f.read().decode("utf-8")
     except FileNotFoundError:
@@ -381,6 +391,10 @@ def parse_json_documents(
     stripped = text.strip()
     if not stripped:
         raise MeasuredFormatError(f"{source}: {fmt_desc}: empty file")
+    depth = _max_depth(stripped)
+    if depth > MAX_JSON_DEPTH:
+        raise MeasuredFormatError(f"{source}: {fmt_desc}: JSON nested {depth} deep, more than the {MAX_JSON_DEPTH} "
+                                  "levels a benchmark output has; not a benchmark output")  # fmt: skip
     try:
         return [(1, json.loads(stripped))]
     except ValueError:
@@ -402,6 +416,18 @@ def parse_json_documents(
             why = "; the file ends inside this line (cut off)" if torn else ""
             raise MeasuredFormatError(f"{source} line {line_no}: {fmt_desc}: invalid JSON ({e}){why}") from None
     return documents
+
+
+def _max_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings not counted), without parsing it."""
+    import re
+
+    no_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    depth = deepest = 0
+    for char in re.sub(r"[^\[\]{}]", "", no_strings):
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def pick_run(
