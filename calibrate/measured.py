@@ -39,6 +39,8 @@ MAX_SPAN_S = 7 * 86400.0  # send times spread over more than a week are not one 
 QUEUE_FLOOR_MS = 1.0  # a measured queue time below this has no relative error worth printing
 UNORDERED_TOOL = "mlcommons_endpoints"  # its rows are rebuilt from histograms, in latency order, not send order
 ORDER_STREAM = 0x0D3E  # the generator that shuffles such rows into a send order, beside the scenario's seed
+# --set keys a measured replay cannot honour: the file gives the load and what is compared, --policy the policy
+NOT_REPLAYED = ("workload", "slo", "cost", "policies", "serving.router", "run.tables", "run.workers", "run.max_")
 
 
 def replay_workload(
@@ -181,6 +183,25 @@ def prefix_chains(
         notes.append(f"prefix: the server reported cache hits on {int(hits.sum())} request(s) "
                      f"({int(cached[hits].sum()):,} tokens); those blocks are cached when the run starts")  # fmt: skip
     return chains, warm, notes
+
+
+def check_replay_overrides(overrides: list[str]) -> None:
+    """Refuse a ``--set`` key a measured replay cannot honour (:data:`NOT_REPLAYED`: the file gives the load and what
+    is compared, ``--policy`` the policy).
+
+    Raises:
+        ScenarioError: one line naming the key and what a replay takes.
+    """
+    from sim.config import ScenarioError
+
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith(NOT_REPLAYED):
+            raise ScenarioError(
+                f"--set {key}: a measured replay takes its load and its comparison from the file, so {key} does not "
+                "apply (it takes the model, hardware, engine, serving.tp_size, serving.prefill, policy.*, "
+                "run.horizon_s and seed; the policy is --policy)"
+            )
 
 
 def measured_scenario(scenario: str | None, overrides: list[str], policy: str) -> Scenario:
@@ -373,7 +394,7 @@ def validation_table(measured: MeasuredRun, simulated: MeasuredRun, scored: np.n
         replayed = simulated.requests["source_id"].to_numpy()
         scored = replayed if scored is None else np.intersect1d(scored, replayed)
     a, b = run_metrics(measured, scored, window), run_metrics(simulated, scored, window)
-    if chunked_stream(measured) is not None:  # per chunk, not per token: not comparable with the replay's ITL
+    if chunked_stream(measured, ids=scored) is not None:  # per chunk, not per token: not the replay's ITL
         a.update({k: math.nan for k in a if k.startswith("itl_")})
     rows = []
     for metric in [m for m in a if m in b or not m.startswith(("queue", "prefill"))]:

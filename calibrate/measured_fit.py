@@ -175,7 +175,7 @@ def replay_scored(
         if _scored(ids):
             tables[kind] = validation_table(part.run, simulated, ids).set_index("metric")
     flag = roofline_check(part.run, scn) if workload.attrs.get("hash_block_tokens") is None else None
-    extra = (chunked_stream(part.run), pool_note(part.run, scn, result.kv_pool_gib), flag)
+    extra = (chunked_stream(part.run, scn.model.max_seq_len), pool_note(part.run, scn, result.kv_pool_gib), flag)
     return tables, [*notes, *filter(None, extra)]
 
 

@@ -20,10 +20,10 @@ def roofline_check(run: MeasuredRun, scenario: Scenario) -> str | None:
     the bound is low) at the card's dense peak (FP8 for FP8 weights on FP8 tensor cores, else BF16) on its
     ``tp_size`` GPUs. A measured TTFT below that bound needs tokens the server did not compute: cache hits.
     """
-    req = run.requests[run.requests["success"]]
+    model, hw = scenario.model, scenario.hardware
+    req = replayable(run, model.max_seq_len)
     ttft = req["ttft_s"].to_numpy(float)
     prompts = req["prompt_tokens"].to_numpy(float)
-    model, hw = scenario.model, scenario.hardware
     peak = hw.fp8_tflops if model.dtype == "fp8" and hw.fp8_tflops is not None else hw.bf16_tflops
     bound_s = (
         2.0 * model.num_layers * model.active_params_per_layer * prompts / (peak * 1e12 * scenario.serving.tp_size)
@@ -152,10 +152,21 @@ def pool_note(run: MeasuredRun, scenario: Scenario, pool_gib: float) -> str | No
             "server's memory matches it better")  # fmt: skip
 
 
-def chunked_stream(run: MeasuredRun) -> str | None:
+def replayable(run: MeasuredRun, max_seq_len: int | None = None):
+    """The requests of ``run`` the replay keeps (calibrate/measured.py ``replay_workload``): successful, with output
+    tokens, within ``max_seq_len``."""
+    req = run.requests
+    keep = req["success"].to_numpy(bool) & (req["output_tokens"].to_numpy() > 0)
+    if max_seq_len is not None:
+        keep &= (req["prompt_tokens"] + req["output_tokens"]).to_numpy() <= max_seq_len
+    return req[keep]
+
+
+def chunked_stream(run: MeasuredRun, max_seq_len: int | None = None, ids=None) -> str | None:
     """A note when the file's token gaps are per chunk, not per token (a stream that sends several tokens at once:
     fewer gaps than output tokens − 1, by more than 10 % over the run), or None. Its ITL is then not compared."""
-    req = run.requests[run.requests["success"]]
+    req = replayable(run, max_seq_len)
+    req = req if ids is None else req[req["request_id"].isin(ids)]  # the requests compared
     pairs = [(len(g), int(o) - 1) for g, o in zip(req["itl_s"], req["output_tokens"], strict=True)
              if g is not None and o > 1]  # fmt: skip
     gaps, tokens = sum(g for g, _ in pairs), sum(t for _, t in pairs)

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the sub-command, and map what it raises to one stderr line and an exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    empty = _empty_option(argv)
+    if empty is not None:  # an empty value never means "all" or "the default": said, not guessed
+        print(f"error: {empty} '': an empty value; give a value, or leave {empty} out for its default", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     try:
         with _signals_raise():
@@ -153,8 +158,28 @@ def entry() -> None:
     sys.exit(status)
 
 
+def _empty_option(argv: list[str]) -> str | None:
+    """The first ``--option`` given an empty or blank value (``--policies ''``, ``--slo=``), or None. ``--set key=``
+    is not one (an empty ``--set`` value is YAML's null, by design: sim/config/loader.py)."""
+    for i, token in enumerate(argv):
+        if not token.startswith("--") or token == "--":
+            continue
+        flag, sep, value = token.partition("=")
+        if sep and not value.strip() and flag != "--set":
+            return flag
+        if not sep and i + 1 < len(argv) and not argv[i + 1].strip() and flag != "--set":
+            return flag
+    return None
+
+
 def error_message(exc: BaseException) -> str | None:
-    """The one-line message for an input or path error; None for anything else (a bug)."""
+    """The one-line message for an input or path error, or a worker killed from outside; None for anything else (a
+    bug)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    if isinstance(exc, BrokenProcessPool):  # the out-of-memory killer, or a kill of the worker's pid
+        return ("a worker process died while running a task (killed from outside: out of memory? fewer workers, "
+                "--jobs or run.workers, need less memory)")  # fmt: skip
     if isinstance(exc, OSError):
         if exc.filename is not None and exc.strerror:
             return f"{exc.filename}: {exc.strerror}"

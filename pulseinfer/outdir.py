@@ -216,8 +216,9 @@ def remove_stale_stages(out: Path) -> list[Path]:
     """Remove the staging folders of ``out`` that a run killed outright left behind (SIGKILL, a power cut: no
     ``finally`` ran) and say so on stderr, one line each. A staging folder is named ``.NAME.partial-PID-XXXX``; it is
     stale when process PID is gone (one of another user, or whose process id cannot be checked, is left alone); a
-    folder of an earlier version, without the id, when it is older than :data:`STALE_UNNAMED_S`. Returns the folders
-    removed."""
+    folder of an earlier version, without the id, when it is older than :data:`STALE_UNNAMED_S`. A stale folder that
+    holds its run's marker was killed while it replaced ``out`` (entries of the old folder may have been moved into
+    it): it is left, and named. Returns the folders removed."""
     import glob
     import sys
     import time
@@ -235,10 +236,15 @@ def remove_stale_stages(out: Path) -> list[Path]:
             pass
         except OSError:  # PermissionError: another user's live process; a folder gone meanwhile
             continue
-        if stage.is_dir() and not stage.is_symlink():
-            shutil.rmtree(stage, ignore_errors=True)
-            removed.append(stage)
-            print(f"note: removed {stage}, the staging folder of an earlier run that was killed", file=sys.stderr)
+        if not stage.is_dir() or stage.is_symlink():
+            continue
+        if (stage / MARKER).exists():  # killed while replacing --out: the old folder's entries may be in it
+            print(f"note: {stage} is the staging folder of an earlier run killed while it replaced {out}; it may "
+                  f"hold files that were in {out}: left as it is, look there", file=sys.stderr)  # fmt: skip
+            continue
+        shutil.rmtree(stage, ignore_errors=True)
+        removed.append(stage)
+        print(f"note: removed {stage}, the staging folder of an earlier run that was killed", file=sys.stderr)
     return removed
 
 

@@ -129,7 +129,8 @@ def test_replicas_are_bounded_and_tied_to_the_workload(tmp_path, capsys):
 @pytest.mark.parametrize("value", ["", " , "])
 def test_cases_only_empty_is_refused(tmp_path, capsys, value):
     assert main(["cases", "--only", value, "--out", str(tmp_path / "c")]) == 2
-    assert "no case named" in _one_line(capsys)
+    line = _one_line(capsys)
+    assert "no case named" in line or "an empty value" in line
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -234,3 +235,109 @@ def test_sigkill_of_a_fleet_run_leaves_no_worker_and_the_next_run_removes_its_st
     assert done.returncode == 0, done.stderr
     assert f"note: removed {stale[0]}" in done.stderr
     assert not stale[0].exists() and live.is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Other instances of the same classes (a hostile user's second pass)
+
+
+def test_a_killed_runs_staging_folder_that_holds_its_marker_is_left_with_a_note(tmp_path, capsys):
+    """Killed while it replaced --out, a staging folder may hold entries of the old folder: never deleted."""
+    out = tmp_path / "sim"
+    stale = tmp_path / ".sim.partial-999999999-x"  # no such process
+    stale.mkdir()
+    (stale / ".pulseinfer-results").write_text("{}")
+    (stale / "mine.txt").write_text("the user's")
+    small = [*SYN, "--set", "workload.synthetic.num_requests=10", "--set", "workload.synthetic.rate_per_s=4"]
+    assert main(["simulate", *C, *small, "--summary-only", "--out", str(out)]) == 0
+    assert "it may hold files that were in" in capsys.readouterr().err
+    assert (stale / "mine.txt").read_text() == "the user's"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--grid", "workload.synthetic.rate_per_s=1,2", "--policies", ""],
+        ["sweep", "--grid", "workload.synthetic.rate_per_s=1,2", "--slo="],
+        ["plan", "--gpu-hour-usd", " "],
+        ["search", "--space", "pulseinfer", "--study", ""],
+        ["validate", "--measured", str(FIXTURES / "vllm_bench_serve.json"), "--policy", ""],
+    ],
+)
+def test_an_empty_option_value_is_refused_not_taken_as_all(tmp_path, capsys, argv):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert "an empty value" in _one_line(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_worker_killed_from_outside_is_one_line():
+    from concurrent.futures.process import BrokenProcessPool
+
+    from pulseinfer.cli import error_message
+
+    assert "a worker process died" in error_message(BrokenProcessPool("A process in the pool was terminated"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("model.num_layers", "10000000000"),
+        ("hardware.hbm_efficiency", "5e-324"),
+        ("hardware.prefill_mfu", "1e-18"),
+        ("hardware.gpus_per_node", "1000000000000000000"),
+        ("serving.num_prefill_gpus", "1000000000"),
+        ("policy.pulseinfer.micro_batches", "1000000000"),
+    ],
+)
+def test_absurd_card_and_policy_values_are_one_line(tmp_path, capsys, key, value):
+    small = [*SYN, "--set", "workload.synthetic.num_requests=10", "--set", "workload.synthetic.rate_per_s=4"]
+    assert main(["simulate", *C, *small, "--set", f"{key}={value}", "--out", str(tmp_path / "s")]) == 2
+    assert key in _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "key", ["workload.time_scale=100", "slo.tpot_ms=1", "serving.router=prefix_aware", "run.tables=summary",
+            "policies=pulseinfer", "run.workers=4"]
+)  # fmt: skip
+def test_keys_a_measured_replay_cannot_honour_are_refused(tmp_path, capsys, key):
+    argv = ["validate", "--measured", str(FIXTURES / "vllm_bench_serve.json"), *C, "--set", key]
+    assert main([*argv, "--out", str(tmp_path / "v")]) == 2
+    assert "a measured replay takes its load and its comparison from the file" in _one_line(capsys)
+
+
+def test_calibrate_takes_one_policy_and_each_file_once(tmp_path, capsys):
+    path = str(FIXTURES / "vllm_bench_serve.json")
+    two = ["--policy", "sglang,pulseinfer"]
+    assert main(["calibrate", "--from-measured", path, *C, *two, "--out", str(tmp_path)]) == 2
+    assert "one policy" in _one_line(capsys)
+    assert main(["calibrate", "--from-measured", path, path, *C, "--out", str(tmp_path / "c")]) == 2
+    assert "given twice" in _one_line(capsys)
+
+
+def test_gaps_past_the_request_and_a_request_past_a_week_are_refused(tmp_path, capsys):
+    def edited(**changes):
+        data = json.loads((FIXTURES / "vllm_bench_serve.json").read_text())
+        for key, value in changes.items():
+            data[key] = value(data)
+        path = tmp_path / "e.json"
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    gap = edited(itls=lambda d: [[1e9, *d["itls"][0][1:]], *d["itls"][1:]])
+    assert main(["validate", "--measured", gap, *C, "--out", str(tmp_path / "a")]) == 2
+    assert "its gaps sum to" in _one_line(capsys)
+    week = edited(latencies=lambda d: [1e15, *d["latencies"][1:]], itls=lambda d: [[], *d["itls"][1:]])
+    assert main(["validate", "--measured", week, *C, "--out", str(tmp_path / "b")]) == 2
+    assert "not one request of a benchmark" in _one_line(capsys)
+
+
+def test_a_request_the_replay_leaves_out_does_not_raise_the_cache_hit_flag(tmp_path):
+    from calibrate.measured import measured_scenario
+    from calibrate.measured_server import roofline_check
+    from traces.measured import read_measured
+
+    data = json.loads((FIXTURES / "vllm_bench_serve.json").read_text())
+    data["input_lens"][1] = 10**12  # longer than the model: left out of the replay, its TTFT is not checked
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(data))
+    assert roofline_check(read_measured(path), measured_scenario("default", C[1::2], "sglang")) is None

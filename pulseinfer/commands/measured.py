@@ -58,6 +58,15 @@ def check_prefix_share(value: float | None) -> float | None:
     return value
 
 
+def one_policy(value: str | None) -> str:
+    """``--policy``'s one policy name (default sglang). Raises UsageError for an empty value or several names."""
+    if value is None:
+        return "sglang"
+    if not value.strip() or "," in value:
+        raise UsageError(f"--policy {value!r}: a measured run is replayed on one policy; give one name (e.g. sglang)")
+    return value.strip()
+
+
 def _file_in(path: Path, flag: str) -> Path:
     """``path``, or for a folder the ``requests.jsonl`` in it (a run committed with its ``meta.json``).
     Raises UsageError for a folder without one."""
@@ -70,18 +79,18 @@ def _file_in(path: Path, flag: str) -> Path:
 
 def run_validate(args: argparse.Namespace) -> int:
     """``validate --measured FILE``: replay a real server's benchmark run(s) in the simulator and compare."""
-    from calibrate.measured import measured_scenario
+    from calibrate.measured import check_replay_overrides, measured_scenario
     from calibrate.measured_server import engine_overrides, recorded_overrides
     from traces.measured import read_measured_runs
 
     args.measured = _file_in(args.measured, "--measured")
     if not args.measured.is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
-    policy = args.policy or "sglang"
-    if "," in policy:
-        raise UsageError(f"--policy {policy!r}: --measured replays one policy; give one name")
+    policy = one_policy(args.policy)
     which, prefix_share = measured_run_choice(args.measured_run), check_prefix_share(args.prefix_share)
     overrides = list(args.overrides)
+    with usage_errors():
+        check_replay_overrides(overrides)
     if args.profile is not None:  # the same as --set profile=PATH (a profile from calibrate --from-measured)
         if any(item.split("=", 1)[0].strip() == "profile" for item in overrides):
             raise UsageError("--profile and --set profile=: give the profile once")
@@ -170,7 +179,8 @@ def _compare(run, scenario, seed: int, prefix_share: float | None):
     result, workload, notes = simulate_measured(run, scenario, seed, prefix_share)
     simulated = measured_from_result(result, workload)
     flag = roofline_check(run, scenario) if workload.attrs.get("hash_block_tokens") is None else None
-    notes = [*notes, *filter(None, (chunked_stream(run), pool_note(run, scenario, result.kv_pool_gib)))]
+    extra = (chunked_stream(run, scenario.model.max_seq_len), pool_note(run, scenario, result.kv_pool_gib))
+    notes = [*notes, *filter(None, extra)]
     return run, (validation_table(run, simulated), _per_request(run, simulated)), notes, flag
 
 
@@ -249,7 +259,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     import pandas as pd
     import yaml
 
-    from calibrate.measured import measured_scenario
+    from calibrate.measured import check_replay_overrides, measured_scenario
     from calibrate.measured_fit import MAX_HELD_OUT_ERROR_PCT, fit_measured, fitted_bounds, split_runs, verdict
     from calibrate.measured_server import files_engine, recorded_overrides
     from sim.config.loader import resolve_scenario_path
@@ -277,6 +287,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if per_iteration:
             raise UsageError(f"--from-measured {item}: holds per-iteration ForwardPassMetrics, not requests to "
                              "replay; check them with `validate --measured`")  # fmt: skip
+    args.policy = one_policy(args.policy)
+    with usage_errors():
+        check_replay_overrides(args.overrides)
+    if len(set(map(str, map(Path.resolve, map(Path, items))))) < len(items):
+        raise UsageError("--from-measured: a file is given twice; it cannot be both fitted and held out")
     if args.measured_iterations < 1:
         raise UsageError(f"--iterations {args.measured_iterations}: must be >= 1")
     which, prefix_share = measured_run_choice(args.measured_run), check_prefix_share(args.prefix_share)

@@ -22,7 +22,7 @@ class ModelSpec(Spec):
     """
 
     name: str
-    num_layers: PositiveInt
+    num_layers: Annotated[int, Field(ge=1, le=10_000)]  # the deepest real models have ~100-200
     hidden_size: PositiveInt
     num_heads: PositiveInt  # query heads
     num_kv_heads: PositiveInt
@@ -30,7 +30,7 @@ class ModelSpec(Spec):
     intermediate_size: Annotated[int, Field(ge=0)]  # dense SwiGLU MLP width; 0 for all-MoE models
     vocab_size: PositiveInt
     tie_word_embeddings: bool = False
-    max_seq_len: PositiveInt = 131072  # longest context served (prompt + output tokens)
+    max_seq_len: Annotated[int, Field(ge=1, le=100_000_000)] = 131072  # longest context served (prompt + output)
     dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"  # the weights' dtype (fp8: FP8 GEMMs at the FP8 peak)
     kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] | None = None  # the KV cache's dtype; None: the weights' dtype
     num_experts: Annotated[int, Field(ge=0)] = 0
@@ -209,7 +209,7 @@ class HardwareSpec(Spec):
     reserve_gib: Annotated[float, Field(ge=0)] | None = None
     h2d_size_table: list[tuple[PositiveInt, PositiveFloat]] | None = None  # measured (size_bytes, gbps)
     d2h_coupling: Annotated[float, Field(ge=0, lt=1)] = 0.0  # H2D slowdown while D2H writes run
-    host_gather_threads: PositiveInt = 8  # CPU threads gathering blocks into the staging buffer
+    host_gather_threads: Annotated[int, Field(ge=1, le=4096)] = 8  # CPU threads gathering into the staging buffer
     host_gather_gbps_per_thread: PositiveFloat = 12.0  # memcpy rate of one thread
     host_gather_fragment_us: Annotated[float, Field(ge=0)] = 0.2  # per-fragment cost of one thread
     # io: batched (one cudaMemcpyBatchAsync-style call per layer): t = call + N · entry + bytes / BW
@@ -221,7 +221,7 @@ class HardwareSpec(Spec):
     # token blocks; SM-driven H2D ~35 GB/s on Hopper Gen5 (nvbandwidth issue #24); docs/sources.md §3.2.
     gpu_gather_gbps: PositiveFloat = 35.0
     gpu_gather_launch_us: Annotated[float, Field(ge=0)] = 5.0  # one kernel launch (§3.3: ~5-10 µs)
-    gpu_gather_half_bytes: Annotated[float, Field(ge=0)] = 128.0  # fragment size at half of gpu_gather_gbps
+    gpu_gather_half_bytes: Annotated[float, Field(ge=0, le=1e9)] = 128.0  # fragment size at half of gpu_gather_gbps
     # Model assumption: while the kernel runs it holds this fraction of the SMs, so the layer computing
     # beside it is slowed by gpu_gather_sm_frac × the overlap (sim/policies/offload.py).
     gpu_gather_sm_frac: Annotated[float, Field(ge=0, lt=1)] = 0.1
@@ -231,29 +231,29 @@ class HardwareSpec(Spec):
     # half, grouped-GEMM (MoE expert) efficiency, the GEMMs' share of the tensor peak, the host cost of a decode step
     # (CUDA graph) and of each request in it (sampling, detokenisation, scheduling), and the per-call cost of an
     # all-reduce.
-    hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = 0.8
+    hbm_efficiency: Annotated[float, Field(ge=0.01, le=1)] = 0.8
     hbm_half_bytes: Annotated[float, Field(ge=0, le=1e9)] = 0.0
-    attn_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    attn_efficiency: Annotated[float, Field(ge=0.01, le=1)] = 1.0
     attn_half_tokens: Annotated[float, Field(ge=0, le=1e6)] = 0.0
-    moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    moe_efficiency: Annotated[float, Field(ge=0.01, le=1)] = 1.0
     # Kernel physics (sim/step/compute.py): the bytes at which one expert's share of a grouped GEMM reaches half of
     # the HBM roofline, the fixed cost of an MoE layer's routing and permutation, the split-KV work tiles per SM at
     # which decode attention fills the GPU to half, and FP8-KV attention's share relative to BF16 (dequantisation).
     moe_half_bytes: Annotated[float, Field(ge=0, le=1e10)] = 0.0
     moe_layer_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0
     attn_half_tiles: Annotated[float, Field(ge=0, le=1e6)] = 0.0
-    attn_fp8_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    attn_fp8_efficiency: Annotated[float, Field(ge=0.01, le=1)] = 1.0
     # The GPU architecture (its prefill efficiency is fitted per architecture) and streaming multiprocessors.
     arch: Literal["ampere", "ada", "hopper", "blackwell", "other"] = "other"
     sm_count: Annotated[int, Field(gt=0, le=1024)] = 132
-    prefill_mfu: Annotated[float, Field(gt=0, le=1)] = 0.6
+    prefill_mfu: Annotated[float, Field(ge=0.01, le=1)] = 0.6
     # Prefill's other kernels (sim/step/compute.py; fitted like the above, docs/sources.md §11): FP8 GEMMs' share of
     # the FP8 peak and attention's (FlashAttention) share of the BF16 peak (None: prefill_mfu; both also bound decode
     # GEMMs and attention where those are compute-bound), and the
     # activation passes of a prefill token per layer in the memory-bound kernels between the GEMMs (norms, rotary,
     # activation, residual adds: reads and writes of hidden-size vectors at the HBM roofline; 0: free).
-    fp8_mfu: Annotated[float, Field(gt=0, le=1)] | None = None
-    attn_mfu: Annotated[float, Field(gt=0, le=1)] | None = None
+    fp8_mfu: Annotated[float, Field(ge=0.01, le=1)] | None = None
+    attn_mfu: Annotated[float, Field(ge=0.01, le=1)] | None = None
     prefill_act_passes: Annotated[float, Field(ge=0, le=1000)] = 0.0
     decode_step_overhead_us: Annotated[float, Field(ge=0)] = 300.0
     decode_request_overhead_us: Annotated[float, Field(ge=0, le=1e4)] = 0.0  # per request per step (CPU)
@@ -265,9 +265,9 @@ class HardwareSpec(Spec):
     # latency of a ring all-reduce; None on a card that cannot run tp_size > 1.
     nvlink_bandwidth_gbps: PositiveFloat | None = None
     nvlink_latency_us: Annotated[float, Field(ge=0)] = 1.0
-    gpus_per_node: PositiveInt = 8
-    gpus_per_pcie_switch: PositiveInt = 1  # GPUs sharing one host uplink of h2d_bandwidth_gbps
-    gpus_per_socket: PositiveInt = 4  # GPUs whose host gather reads one CPU socket's DRAM
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    gpus_per_pcie_switch: Annotated[int, Field(ge=1, le=1024)] = 1  # GPUs sharing one host uplink of h2d_bandwidth_gbps
+    gpus_per_socket: Annotated[int, Field(ge=1, le=1024)] = 4  # GPUs whose host gather reads one CPU socket's DRAM
     host_dram_gbps_per_socket: PositiveFloat | None = None  # None: gather never limited by DRAM bandwidth
     # Node-level host sharing (sim/config/parallel.py host_share). A PCIe switch's uplink to the host, per
     # direction, shared by the recalling GPUs behind it; None: the GPU's own h2d/d2h rate (model assumption: the

@@ -104,7 +104,7 @@ class OffloadPolicy(DensePolicy):
     # blocks (capped at 1); those are fetched as an urgent correction when the layer is about to run.
     late_correction_frac: Annotated[float, Field(ge=0, le=1)] = 0.05
     chunk_bytes: PositiveInt = 4 * 2**20  # pre-emption granularity of the link
-    micro_batches: PositiveInt = 1  # batch split into groups interleaved layer by layer
+    micro_batches: Annotated[int, Field(ge=1, le=64)] = 1  # batch split into groups interleaved layer by layer
     # What a step that recalls pays beyond compute and copies (OffloadServing.step_costs; docs/sources.md §10.1).
     # A decode step that recalls with host-issued copies (every ``io`` but ``gpu_gather``, on a GPU) runs its layers
     # eagerly, as a graph cannot capture data-dependent copies: each layer pays its kernel launches. 28 µs: eager vs

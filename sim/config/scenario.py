@@ -58,7 +58,7 @@ class ServingSpec(Spec):
     # How the engine is driven: ``serve`` (an OpenAI-compatible server, as every public serving benchmark) or
     # ``offline`` (vLLM's LLM class): vLLM's token budget depends on it (sim/config/engine.py GpuTier).
     usage_context: Literal["serve", "offline"] = "serve"
-    num_prefill_gpus: PositiveInt = 4  # prefill replicas (each of tp_size GPUs)
+    num_prefill_gpus: Annotated[int, Field(ge=1, le=100_000)] = 4  # prefill replicas (each of tp_size GPUs)
     tp_size: Literal[1, 2, 4, 8] = 1
     replicas: Annotated[int, Field(ge=1, le=100_000)] = 1  # decode replicas of tp_size GPUs (≤ any real cluster)
     router: Literal["round_robin", "least_tokens", "prefix_aware"] = "round_robin"  # cluster.py ALL_ROUTERS

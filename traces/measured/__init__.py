@@ -247,9 +247,12 @@ def read_measured_runs(path: str | Path, fmt: str = "auto", run: int | str | Non
     return runs
 
 
+MAX_REQUEST_S = 7 * 86400.0  # one request lasting more than a week is not a measurement
+
+
 def check_physics(run: MeasuredRun, path: str | Path, name: str) -> None:
     """What no server can have measured, for every completed request: a TTFT below 0, an E2E below its TTFT (a
-    negative TPOT), a non-finite time, a negative gap.
+    negative TPOT), an E2E past a week, a non-finite time, a negative gap, gaps summing past E2E − TTFT.
 
     Raises:
         MeasuredFormatError: one line naming the request's index, the field and both values.
@@ -261,14 +264,23 @@ def check_physics(run: MeasuredRun, path: str | Path, name: str) -> None:
         ("ttft_s: expected a finite time >= 0", ok & ~(np.isfinite(ttft) | np.isnan(ttft)) | ok & (ttft < 0)),
         ("e2e_s: expected a finite time >= 0", ok & (np.isinf(e2e) | (e2e < 0))),
         ("e2e_s: shorter than its ttft_s (a negative TPOT)", ok & (e2e < ttft - 1e-9)),
+        (f"e2e_s: longer than {MAX_REQUEST_S:.0f} s, not one request of a benchmark", ok & (e2e > MAX_REQUEST_S)),
     ):
         if bad.any():
             i = int(np.argmax(bad))
             got = f"got ttft {float(ttft[i])!r} s, e2e {float(e2e[i])!r} s"
             raise MeasuredFormatError(f"{path}: {name}: request {i}: {label}, {got}")
     for i, gaps in enumerate(req["itl_s"]):
-        if gaps is not None and len(gaps) and not (np.isfinite(gaps).all() and (gaps >= 0).all()):
+        if gaps is None or not len(gaps):
+            continue
+        if not (np.isfinite(gaps).all() and (gaps >= 0).all()):
             raise MeasuredFormatError(f"{path}: {name}: request {i}: itl_s: expected finite gaps >= 0")
+        stream_s = e2e[i] - ttft[i]  # the gaps come after the first token and before the end
+        if ok[i] and np.isfinite(stream_s) and float(np.sum(gaps)) > 1.05 * stream_s + 0.05:
+            raise MeasuredFormatError(
+                f"{path}: {name}: request {i}: itl_s: its gaps sum to {float(np.sum(gaps)):.6g} s, more than its "
+                f"e2e_s - ttft_s {float(stream_s):.6g} s; expected the token gaps inside the request"
+            )
 
 
 def _check_gap_counts(run: MeasuredRun, path: str | Path, name: str) -> None:
