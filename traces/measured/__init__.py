@@ -58,15 +58,8 @@ from traces.measured.forward_pass import IterationRun, read_forward_pass_metrics
 from traces.measured.guidellm import read_guidellm
 from traces.measured.inference_perf import read_inference_perf
 from traces.measured.mlcommons import read_mlcommons_result_summary
-from traces.measured.schema import (
-    LOADS,
-    MEASURED_COLUMNS,
-    MeasuredFormatError,
-    MeasuredRun,
-    build_requests,
-    parse_json_documents,
-    read_text,
-)
+from traces.measured.parse import parse_json_documents, read_text
+from traces.measured.schema import LOADS, MEASURED_COLUMNS, MeasuredFormatError, MeasuredRun, build_requests
 from traces.measured.sglang import read_sglang_bench_serving, write_sglang_bench_serving
 from traces.measured.vllm_bench import read_vllm_bench_serve, write_vllm_bench_serve
 from traces.measured.vllm_requests import read_vllm_requests
@@ -121,22 +114,9 @@ def detect_measured_format(path: str | Path) -> str:
         return vllm_requests.TOOL
     documents = parse_json_documents(read_text(path, desc), source, desc, [])  # the reader notes a cut-off last line
     first = documents[0][1]
-    if inference_perf.looks_like(first):
-        return inference_perf.TOOL
-    if guidellm.looks_like(first):
-        return guidellm.TOOL
-    if sglang.looks_like(first):
-        return sglang.TOOL
-    if vllm_bench.looks_like(first):
-        return vllm_bench.TOOL
-    if vllm_spans.looks_like(first):
-        return vllm_spans.TOOL
-    if vllm_requests.looks_like(first):
-        return vllm_requests.TOOL
-    if aiperf.looks_like(first):
-        return aiperf.TOOL
-    if mlcommons.looks_like(first):
-        return mlcommons.TOOL
+    for module in (inference_perf, guidellm, sglang, vllm_bench, vllm_spans, vllm_requests, aiperf, mlcommons):
+        if module.looks_like(first):  # in this order: the rules above
+            return module.TOOL
     # near misses: the shape of one tool with a field missing or empty -> that tool's reader names the field
     if isinstance(first, dict) and isinstance(first.get("benchmarks"), list):
         return guidellm.TOOL

@@ -64,12 +64,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
+from traces.measured.parse import (
     as_count,
     as_seconds,
-    build_requests,
     concurrency_value,
     fail,
     parse_json_documents,
@@ -78,6 +75,7 @@ from traces.measured.schema import (
     show,
     source_name,
 )
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "aiperf_profile_export"
 FMT_DESC = "an AIPerf profile_export.jsonl"

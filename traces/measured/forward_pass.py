@@ -60,16 +60,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    as_count,
-    as_seconds,
-    fail,
-    field_at,
-    read_text,
-    show,
-    source_name,
-)
+from traces.measured.parse import as_count, as_seconds, fail, field_at, read_text, show, source_name
+from traces.measured.schema import MeasuredFormatError
 
 TOOL = "forward_pass_metrics"
 FMT_DESC = "a ForwardPassMetrics file (one record per scheduler iteration)"

@@ -37,12 +37,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
+from traces.measured.parse import (
     as_count,
     as_timestamp,
-    build_requests,
     fail,
     parse_json_documents,
     read_text,
@@ -50,6 +47,7 @@ from traces.measured.schema import (
     show,
     source_name,
 )
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "guidellm"
 FMT_DESC = "a guidellm benchmarks report"

@@ -29,18 +29,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
-    as_count,
-    as_timestamp,
-    build_requests,
-    fail,
-    parse_json_documents,
-    read_text,
-    show,
-    source_name,
-)
+from traces.measured.parse import as_count, as_timestamp, fail, parse_json_documents, read_text, show, source_name
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "inference_perf"
 FMT_DESC = "an inference-perf per_request_lifecycle_metrics.json"

@@ -59,11 +59,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
+from traces.measured.parse import (
     as_count,
-    build_requests,
     concurrency_value,
     fail,
     parse_json_documents,
@@ -72,6 +69,7 @@ from traces.measured.schema import (
     show,
     source_name,
 )
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "mlcommons_endpoints"
 FMT_DESC = "an MLCommons endpoints result_summary.json"

@@ -34,19 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from traces.measured.schema import (
-    MeasuredRun,
+from traces.measured.parse import (
     as_seconds,
-    build_requests,
-    check_requests_table,
     concurrency_value,
-    latency_summary,
     parse_bench_lists,
     pick_run,
     rate_value,
     require,
     source_name,
 )
+from traces.measured.schema import MeasuredRun, build_requests, check_requests_table, latency_summary
 
 TOOL = "sglang_bench_serving"
 FMT_DESC = "an SGLang bench_serving --output-details line"

@@ -36,14 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from traces.measured.schema import (
-    MeasuredRun,
+from traces.measured.parse import (
     as_seconds,
     as_timestamp,
-    build_requests,
-    check_requests_table,
     concurrency_value,
-    latency_summary,
     parse_bench_lists,
     pick_run,
     rate_value,
@@ -51,6 +47,7 @@ from traces.measured.schema import (
     require_list,
     source_name,
 )
+from traces.measured.schema import MeasuredRun, build_requests, check_requests_table, latency_summary
 
 TOOL = "vllm_bench_serve"
 FMT_DESC = "a vllm bench serve --save-detailed result"

@@ -59,12 +59,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
+from traces.measured.parse import (
     as_count,
     as_timestamp,
-    build_requests,
     fail,
     field_at,
     parse_json_documents,
@@ -72,6 +69,7 @@ from traces.measured.schema import (
     show,
     source_name,
 )
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "vllm_requests_jsonl"
 FMT_DESC = "a vLLM per-request timestamps requests.jsonl"

@@ -37,18 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from traces.measured.schema import (
-    MeasuredFormatError,
-    MeasuredRun,
-    as_count,
-    as_seconds,
-    build_requests,
-    fail,
-    parse_json_documents,
-    read_text,
-    show,
-    source_name,
-)
+from traces.measured.parse import as_count, as_seconds, fail, parse_json_documents, read_text, show, source_name
+from traces.measured.schema import MeasuredFormatError, MeasuredRun, build_requests
 
 TOOL = "vllm_otel_spans"
 FMT_DESC = "a JSONL of vLLM llm_request OpenTelemetry spans"
