@@ -114,7 +114,8 @@ def run_validate(args: argparse.Namespace) -> int:
             with usage_errors(f"{run.source_path}: " if len(runs) > 1 else ""):
                 compared.append(_compare(run, scenario, args.seed, prefix_share))
             bar.advance()
-    tables = _write_measured(args.out, compared)
+    subject = _subject(args.measured, runs, scenario, overrides, policy)
+    tables, figures, written = _write_measured(args.out, compared, subject)
     m, hw = scenario.model, scenario.hardware
     print(
         f"\n{args.measured.name} ({runs[0].tool}, {len(runs)} run(s), load {runs[0].load}) replayed on {m.name} / "
@@ -127,10 +128,48 @@ def run_validate(args: argparse.Namespace) -> int:
         for note in dict.fromkeys([*notes, *([flag] if flag else [])]):
             print(f"{'warning' if note is flag else 'note'}: {run.source_path if len(runs) > 1 else ''}"
                   f"{': ' if len(runs) > 1 else ''}{note}")  # fmt: skip
+    for note in written:
+        print(f"note: {note}")
     print(tables.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
-    figures = "validation_cdfs.png" + (" and validation_sweep.png" if len(runs) > 1 else "")
-    print(f"\nwrote {args.out}/validation.csv, requests.csv and {figures}")
+    files = ["validation.csv", "requests.csv", *figures]
+    print(f"\nwrote {args.out}/{', '.join(files[:-1])} and {files[-1]}")
     return 0
+
+
+def _subject(path: Path, runs, scenario, overrides: list[str], policy: str) -> str:
+    """What a validation figure compares, in two lines: the measured file (its base name, and the run or runs of a
+    file holding several) and the tool; the model, card, TP, engine line and release, prefill mode, policy and the
+    profile the replay ran on."""
+    name = Path(path).name
+    indices = [run.source_path.rsplit("#", 1)[1] for run in runs if "#" in run.source_path]
+    if len(indices) == 1:
+        name += f" run {indices[0]}"
+    elif indices:
+        name += f" runs {indices[0]}–{indices[-1]}"
+    engine, version = scenario.engine.name, scenario.engine.version
+    if version and not engine.endswith(version):
+        engine += f" (release {version})"
+    profile = [item.split("=", 1)[1].strip() for item in overrides if item.split("=", 1)[0].strip() == "profile"]
+    if profile and profile[-1]:
+        parts = Path(profile[-1]).parts
+        profile = [str(Path(*parts[-2:])) if len(parts) > 1 else profile[-1]]
+    m, hw, serving = scenario.model, scenario.hardware, scenario.serving
+    setup = f"model {m.name} · card {hw.name} ×{serving.tp_size} · engine {engine} · prefill {serving.prefill}"
+    return (f"{name} ({runs[0].tool}) vs its replay\n{setup} · policy {policy}"
+            + (f" · profile {profile[-1]}" if profile and profile[-1] else ""))  # fmt: skip
+
+
+def _arrivals_reproduced(run) -> bool:
+    """Whether the replay sent every measured request at its recorded time, so each simulated request is the
+    measured one's twin (same id, same send time, same lengths): the file records a send time for every request
+    replayed (``load`` "trace", calibrate/measured.py ``replay_workload``) in the tool's own rows (not rebuilt from
+    histograms and shuffled, :data:`calibrate.measured.UNORDERED_TOOL`). A Poisson, closed-loop or all-at-once
+    replay reproduces the load, not each request's moment."""
+    from calibrate.measured import UNORDERED_TOOL
+
+    req = run.requests[run.requests["success"] & (run.requests["output_tokens"] > 0)]
+    return (run.load == "trace" and run.tool != UNORDERED_TOOL and len(req) > 0
+            and bool(req["arrival_s"].notna().all()))  # fmt: skip
 
 
 def _run_step_check(args: argparse.Namespace, overrides: list[str], policy: str, which, prefix_share) -> int:
@@ -184,13 +223,17 @@ def _compare(run, scenario, seed: int, prefix_share: float | None):
     return run, (validation_table(run, simulated), _per_request(run, simulated)), notes, flag
 
 
-def _write_measured(out: Path, compared: list):
-    """validation.csv, requests.csv, the CDFs and, for several runs, the sweep figure; returns the printed table."""
+def _write_measured(out: Path, compared: list, subject: str = ""):
+    """validation.csv, requests.csv, the CDFs, for a replay that reproduced every request's send time the per-request
+    scatter, and, for several runs, the sweep figure; ``subject`` (:func:`_subject`) titles them. Returns (the
+    printed table, the figures written, notes on a figure not drawn)."""
     import math
 
+    import numpy as np
     import pandas as pd
 
-    from plots.validation import measured_cdfs, measured_sweep
+    from plots.style import MissingData
+    from plots.validation import measured_cdfs, measured_scatter, measured_sweep
 
     several = len(compared) > 1
     tables, per_request = [], []
@@ -202,20 +245,34 @@ def _write_measured(out: Path, compared: list):
     table, requests = pd.concat(tables, ignore_index=True), pd.concat(per_request, ignore_index=True)
     if several:
         table = table[["run", "load", "metric", "measured", "simulated", "error_pct"]]
+    figures, notes = ["validation_cdfs.png"], []
+    scatter = all(_arrivals_reproduced(run) for run, *_ in compared)
+    if not scatter:
+        notes.append("no validation_scatter.png (request by request): the replay does not send each request at a "
+                     "recorded time, so the two are compared as distributions (validation_cdfs.png)")  # fmt: skip
     with results_folder(out, command="validate") as stage:
         table.to_csv(stage / "validation.csv", index=False)
-        requests.to_csv(stage / "requests.csv", index=False)
-        measured_cdfs(requests).savefig(stage / "validation_cdfs.png", dpi=120)
+        gaps = requests["itl_ms"]
+        medians = [float(np.median(g)) if g is not None and len(g) else math.nan for g in gaps]
+        requests.drop(columns="itl_ms").assign(itl_p50_ms=medians).to_csv(stage / "requests.csv", index=False)
+        measured_cdfs(requests, subject).savefig(stage / "validation_cdfs.png", dpi=120)
+        if scatter:
+            try:
+                measured_scatter(requests, subject).savefig(stage / "validation_scatter.png", dpi=120)
+                figures.append("validation_scatter.png")
+            except MissingData as e:
+                notes.append(f"no validation_scatter.png: {e}")
         if several:
             swept = table
             if any(math.isnan(x) for x in loads):  # runs sent all at once: the curve is over the runs, in file order
                 order = {run.source_path: i for i, (run, *_) in enumerate(compared)}
                 swept, label = table.assign(load=table["run"].map(order)), "run (file order)"
-            measured_sweep(swept, label).savefig(stage / "validation_sweep.png", dpi=120)
+            measured_sweep(swept, label, subject).savefig(stage / "validation_sweep.png", dpi=120)
+            figures.append("validation_sweep.png")
     if several:  # one line per run and metric is long: the headline metrics
         keep = ["output_throughput_tok_s", "ttft_mean_ms", "tpot_mean_ms", "itl_p50_ms"]
-        return table[table["metric"].isin(keep)]
-    return table
+        return table[table["metric"].isin(keep)], figures, notes
+    return table, figures, notes
 
 
 def _load_value(run) -> float:
@@ -238,16 +295,27 @@ def _load_label(runs) -> str:
 
 
 def _per_request(measured, simulated):
-    """One row per request and source (measured, simulated): TTFT and TPOT in ms (the figure's input)."""
+    """One row per request and source (measured, simulated): TTFT, TPOT and E2E in ms, and ``itl_ms``, the request's
+    token gaps in ms (an array, None where absent; the measured side's are left out where its stream sent several
+    tokens a chunk, as in the validation table) — the figures' input."""
+    import numpy as np
     import pandas as pd
 
+    from calibrate.measured_server import chunked_stream
+
+    replayed = simulated.requests["source_id"].to_numpy() if "source_id" in simulated.requests.columns else None
+    chunked = chunked_stream(measured, ids=replayed) is not None  # per chunk, not per token: not the replay's ITL
     frames = []
     for source, run in (("measured", measured), ("simulated", simulated)):
         req = run.requests[run.requests["success"]]
         ids = req["source_id"] if "source_id" in req.columns else req["request_id"]  # the measured request's id
+        gaps = [None if g is None or (chunked and source == "measured") else np.asarray(g, dtype=float) * 1e3
+                for g in req["itl_s"]]  # fmt: skip
         frames.append(pd.DataFrame({"source": source, "request_id": ids.to_numpy(),
                                     "ttft_ms": req["ttft_s"].to_numpy() * 1e3,
-                                    "tpot_ms": req["tpot_s"].to_numpy() * 1e3}))  # fmt: skip
+                                    "tpot_ms": req["tpot_s"].to_numpy() * 1e3,
+                                    "e2e_ms": req["e2e_s"].to_numpy() * 1e3,
+                                    "itl_ms": pd.Series(gaps, dtype=object)}))  # fmt: skip
     return pd.concat(frames, ignore_index=True)
 
 

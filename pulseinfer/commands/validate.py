@@ -101,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
             table, steps = validate(
                 profile, policies, workload, device, args.repeats, args.seed, progress=bar.stage, simulated=simulated
             )
-        _write(stage, table, steps)
+        subject = (
+            f"model {profile.model.name} · card {profile.hardware.name} · device {device} · profile {args.profile}"
+        )
+        _write(stage, table, steps, subject)
     contexts = workload.contexts
     print(
         f"\n{profile.model.name} on {device}: {len(contexts)} requests, contexts {min(contexts)}-{max(contexts)} "
@@ -140,11 +143,11 @@ def _policies_and_workload(args: argparse.Namespace):
         return policies, ValidationWorkload(contexts, outputs)
 
 
-def _write(out: Path, table, steps) -> None:
-    """validation.csv, validation_steps.csv and validation_steps.png into ``out``."""
+def _write(out: Path, table, steps, subject: str = "") -> None:
+    """validation.csv, validation_steps.csv and validation_steps.png (``subject`` under its title) into ``out``."""
     from plots import validation_steps
 
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "validation.csv", index=False)
     steps.to_csv(out / "validation_steps.csv", index=False)
-    validation_steps(steps).savefig(out / "validation_steps.png", dpi=120)
+    validation_steps(steps, subject).savefig(out / "validation_steps.png", dpi=120)
