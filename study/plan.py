@@ -8,18 +8,21 @@ Model assumption: feasibility falls with rate (bisection needs it; a simulator w
 non-monotone near the knee), and more replicas never miss an SLO that fewer met.
 
 Every simulation uses the scenario's seed, so a plan is deterministic. In → out:
-``run_plan(PlanConfig) -> DataFrame`` with :data:`PLAN_COLUMNS`.
+``run_plan(PlanConfig) -> DataFrame`` with :data:`PLAN_COLUMNS`; ``run_plan(..., points=[])`` also fills the list
+with one row of :data:`POINT_COLUMNS` per single-replica simulation (every rate the bisection probed), the points
+of the Pareto figure (plots/pareto.py). :func:`plan_cell` returns a :class:`CellPlan`, which indexes as the cell's
+plan rows and carries its points.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from sim.config import load_scenario
+from sim.config import DEFAULT_ENGINE, Scenario, load_scenario
 from sim.metrics import unfinished_counts
 from sim.metrics.bill import deployment_gpus, usd_per_million
 from sim.run import simulate_policy, summary_only
@@ -43,6 +46,16 @@ PLAN_COLUMNS = [
 # prefill, each replica's prefill pool (one replica without --target-rate, else the fleet for the target);
 # ``usd_per_hour`` = gpus_billed × gpu_hour_usd; ``usd_per_million_output_tokens`` = that over the decode tokens.
 # ``gpus_for_target`` counts decode GPUs only (replicas × tp_size).
+
+POINT_COLUMNS = [
+    "hardware", "policy", "tp_size", "engine", "rate_per_s", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s",
+    "tpot_p99_s", "ttft_p99_s", "gpus", "meets_slo", "gpu_hour_usd", "usd_per_million_output_tokens",
+]  # fmt: skip
+# One row per single-replica simulation of a cell (CellPlanner.single), in rate order: ``rate_per_s`` the offered rate,
+# the latency and throughput columns the run's summary; ``tp_size`` = the replica's decode GPUs, ``gpus`` = the GPUs
+# it is billed for (sim/metrics/bill.py deployment_gpus: with disaggregated prefill, its prefill pool too);
+# ``engine`` = the scenario's engine line ('' for the built-in generic one); ``meets_slo`` as CellPlanner.met (the SLO
+# held and the run was a steady-state sample); ``usd_per_million_output_tokens`` over ``gpus`` (None without a price).
 
 # Progress callback: (hardware, policy, what was simulated, SLO met) after each simulation.
 OnSim = Callable[[str, str, str, bool], None]
@@ -122,6 +135,35 @@ class CellPlanner:
             self.on_sim(self.hardware, self.policy, f"1 replica @ {rate:.3g}/s", self.met(summary))
             self._single[rate] = summary
         return self._single[rate]
+
+    def points(self, scenario: Scenario, price: float | None) -> list[dict]:
+        """One row of :data:`POINT_COLUMNS` per single-replica simulation so far, in rate order.
+
+        Args:
+            scenario: the cell's scenario (its card, serving and engine; the rate is the row's own).
+            price: US$ per GPU-hour of the cell's card, or None.
+        """
+        gpus = deployment_gpus(scenario.serving, 1)
+        engine = "" if scenario.engine.name == DEFAULT_ENGINE.name else scenario.engine.name
+        rows = []
+        for rate in sorted(self._single):
+            summary = self._single[rate]
+            tokens_per_s = summary.get("decode_tokens_per_s", math.nan)
+            per_million = usd_per_million(price, gpus, tokens_per_s)
+            row = {
+                "hardware": self.hardware,
+                "policy": self.policy,
+                "tp_size": scenario.serving.tp_size,
+                "engine": engine,
+                "rate_per_s": rate,
+                **{col: summary.get(col, math.nan) for col in POINT_COLUMNS[5:10]},
+                "gpus": gpus,
+                "meets_slo": self.met(summary),
+                "gpu_hour_usd": price,
+                "usd_per_million_output_tokens": None if math.isnan(per_million) else per_million,
+            }
+            rows.append(row)
+        return rows
 
     def met(self, summary: dict) -> bool:
         """The SLO holds and the run was a steady-state sample (``steady_problem`` None or absent)."""
@@ -218,8 +260,24 @@ def check_plan(cfg: PlanConfig, jobs: int = 1) -> None:
             device_pool_blocks(gpu.model, gpu.hardware, scenario.policy[policy].block_size)
 
 
-def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> list[dict]:
-    """Rows of :data:`PLAN_COLUMNS` for one (hardware, policy): one per router with a target rate, else one.
+@dataclass(frozen=True)
+class CellPlan(Sequence):
+    """One (hardware, policy) cell's plan. Indexes, slices and iterates as ``rows`` (what :func:`plan_cell` returned
+    before it kept its points), so ``plan_cell(...)[0]`` is the cell's first plan row."""
+
+    rows: list[dict]  # PLAN_COLUMNS: one per router with a target rate, else one
+    points: list[dict]  # POINT_COLUMNS: one per single-replica simulation, in rate order
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None = None) -> CellPlan:
+    """The plan of one (hardware, policy): its rows of :data:`PLAN_COLUMNS` (one per router with a target rate, else
+    one) and its single-replica points (:data:`POINT_COLUMNS`).
 
     Raises:
         ScenarioError: bad scenario, hardware or policy name.
@@ -227,10 +285,18 @@ def plan_cell(cfg: PlanConfig, hardware: str, policy: str, on_sim: OnSim | None 
         PlanError: a workload slice too small for a steady-state sample.
     """
     cell = CellPlanner(cfg, hardware, policy, on_sim)
+    scenario = cell.scenario(cfg.max_requests, None)  # plan sets the replica count: serving.replicas unused
+    price = cfg.gpu_hour_usd.get(hardware, cfg.gpu_hour_usd.get(hardware.lower()))
+    rows = _cell_rows(cell, scenario.serving, price)
+    return CellPlan(rows, cell.points(scenario, price))
+
+
+def _cell_rows(cell: CellPlanner, serving, price: float | None) -> list[dict]:
+    """Bisect the cell's single-replica maximum, then (with a target rate) search each router's fleet; the rows of
+    :data:`PLAN_COLUMNS`."""
+    cfg, hardware, policy = cell.cfg, cell.hardware, cell.policy
     found = bisect_max_rate(lambda r: cell.met(cell.single(r)), cell.start_rate(), cfg.rel_tol, cfg.max_steps)
     at_max = cell.single(found.rate) if found.rate > 0 else {}
-    price = cfg.gpu_hour_usd.get(hardware, cfg.gpu_hour_usd.get(hardware.lower()))
-    serving = cell.scenario(cfg.max_requests, None).serving  # plan sets the replica count: serving.replicas unused
     tp = serving.tp_size  # GPUs per replica: plan counts GPUs
     base = {
         "hardware": hardware,
@@ -375,6 +441,7 @@ def run_plan(
     on_cell: Callable[[str, str], None] | None = None,
     backend: str = "local",
     ray_address: str | None = None,
+    points: list[dict] | None = None,
 ) -> pd.DataFrame:
     """Plan every hardware × policy cell; ``jobs`` > 1 runs cells in that many worker processes, ``backend="ray"``
     as Ray tasks (:func:`study.executors.run_tasks`, which stops them on Ctrl-C, SIGTERM or a failed cell).
@@ -382,6 +449,11 @@ def run_plan(
     Args:
         on_sim: called after each simulation (serial runs only).
         on_cell: called with (hardware, policy) as each cell finishes.
+        points: a list that receives the plan's single-replica points, rows of :data:`POINT_COLUMNS` (cells in
+            plan order, each in rate order); None: they are dropped.
+
+    Returns:
+        The plan table, :data:`PLAN_COLUMNS`.
 
     Raises:
         ScenarioError, CapacityError: from the first cell that fails. ExecutorError: a bad backend.
@@ -398,5 +470,7 @@ def run_plan(
         results = run_tasks(
             plan_cell, [(cfg, h, p) for h, p in cells], backend, min(jobs, len(cells)), ray_address, done
         )
-    rows = [row for cell_rows in results for row in cell_rows]
+    if points is not None:
+        points.extend(point for cell in results for point in cell.points)
+    rows = [row for cell in results for row in cell.rows]
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)

@@ -8,7 +8,9 @@ runs; a point's result is a pure function of its resolved scenario (:func:`sim.r
 
 :func:`sweep_table`: one row per (grid point, policy, seed) in grid order: the grid values, ``policy``,
 ``seed``, ``slo_met`` (:meth:`TailSlo.met`, and the accuracy bounds when given), every summary column,
-``rejected``/``incomplete``, the interpolated accuracy columns (``study.accuracy``) and ``error`` (a
+``rejected``/``incomplete``, ``gpus`` (the GPUs the point's deployment is billed for, sim/metrics/bill.py
+``deployment_gpus``), ``gpu_hour_usd`` and ``usd_per_million_output_tokens`` when some point's card has a price
+(``cost.gpu_hour_usd``; empty for the others), the interpolated accuracy columns (``study.accuracy``) and ``error`` (a
 point whose model does not fit: :class:`~sim.serving.kv.CapacityError`'s message, metrics NaN). The table does not
 depend on the backend, the job count or the order points finish in.
 """
@@ -36,6 +38,7 @@ import yaml
 import traces
 from sim.config import Scenario, load_scenario
 from sim.metrics import SUMMARY_COLUMNS
+from sim.metrics.bill import card_price, deployment_gpus, usd_per_million
 from sim.metrics.physics import PhysicsBounds, bounds_of, physics_violations
 from sim.policies import make_policy
 from sim.run import policy_summary
@@ -352,19 +355,29 @@ def run_sweep(
 def sweep_table(cfg: SweepConfig, points: list[Point], records: dict[str, dict]) -> pd.DataFrame:
     """One row per point (see the module docstring); grid values typed as YAML scalars (``4096`` → int)."""
     rows = []
+    priced = any(card_price(p.scenario) is not None for p in points)
     for p in points:
         record = records[p.key]
         metrics = {k: math.nan if record["metrics"].get(k) is None else record["metrics"][k] for k in METRIC_COLUMNS}
         row: dict[str, Any] = {k: yaml.safe_load(v) for k, v in zip(cfg.keys, p.values)}
         row.update(policy=p.policy, seed=p.seed)
         met = not record["error"] and cfg.slo.met(metrics)
+        gpus = deployment_gpus(p.scenario.serving, p.scenario.serving.replicas)
+        metrics["gpus"] = gpus
+        if priced:
+            price = card_price(p.scenario)
+            metrics.update(
+                gpu_hour_usd=price,
+                usd_per_million_output_tokens=usd_per_million(price, gpus, metrics["decode_tokens_per_s"]),
+            )
         if cfg.accuracy is not None:
             acc = accuracy_columns(cfg.accuracy.table, p.scenario, p.policy)
             met = met and cfg.accuracy.met(acc)
             metrics.update(acc)
         rows.append({**row, "slo_met": bool(met), **metrics, "error": record["error"]})
     acc_cols = output_columns() if cfg.accuracy is not None else []
-    columns = [*cfg.keys, "policy", "seed", "slo_met", *METRIC_COLUMNS, *acc_cols, "error"]
+    bill_cols = ["gpus", *(["gpu_hour_usd", "usd_per_million_output_tokens"] if priced else [])]
+    columns = [*cfg.keys, "policy", "seed", "slo_met", *METRIC_COLUMNS, *bill_cols, *acc_cols, "error"]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -34,7 +34,10 @@ short sample cannot report more than it delivers (a note says when the sample, n
 answer); with --target-rate, the fewest replicas that meet the SLO at that rate, checked by simulating
 that many replicas behind each router on --max-requests × N requests (not by dividing), and never fewer
 than the single-replica maximum supports (a note says why a fleet needs more).
-OUT/plan.csv has one row per hardware × policy (× router with --target-rate).
+OUT/plan.csv has one row per hardware × policy (× router with --target-rate). OUT/plan_points.csv has one
+row per single-replica simulation (every rate the bisection tried), and OUT/pareto.png plots them: decode
+tokens/s per GPU against tokens/s per user (1 / mean TPOT), the TPOT SLO, the Pareto front of the points that
+meet the SLO and, with prices, $ per million output tokens.
 """
 
 
@@ -76,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--backend", choices=["local", "ray"], default="local", help="where cells run (ray: pip install -e '.[ray]')"
     )
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto); default: a local Ray")
-    p.add_argument("--out", type=Path, required=True, help="results folder (receives plan.csv)")
+    p.add_argument("--out", type=Path, required=True, help="results folder (plan.csv, plan_points.csv, pareto.png)")
     add_overrides(p, "workload.max_requests=800")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_yes(p, measured=False)
@@ -84,8 +87,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from study.executors import check_backend
-    from study.plan import check_plan, run_plan
+    from study.plan import POINT_COLUMNS, check_plan, run_plan
 
     check_positive(args.target_rate, "--target-rate", "requests/s the fleet must serve")
     cfg = _config(args)
@@ -96,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_folder(args.out, "plan")  # results_folder checks it too: an unusable --out fails before the announcement
     announce(big)
     started = time.perf_counter()
+    points: list[dict] = []
     with (
         results_folder(args.out, command="plan") as stage,  # checks --out before planning; writes it whole
         Bar(len(cfg.hardware) * len(cfg.policies), "plan", "cell", hidden=args.no_progress) as bar,
@@ -109,8 +115,15 @@ def run(args: argparse.Namespace) -> int:
             on_cell=lambda hardware, policy: bar.advance(),
             backend=args.backend,
             ray_address=args.ray_address,
+            points=points,
         )
         table.to_csv(stage / "plan.csv", index=False)
+        point_table = pd.DataFrame(points, columns=POINT_COLUMNS)
+        point_table.to_csv(stage / "plan_points.csv", index=False)
+        names = ["plan.csv", "plan_points.csv"]
+        skipped = _write_pareto(point_table, cfg, stage / "pareto.png")
+        if not skipped:
+            names.append("pareto.png")
     print(f"\nplan under SLO {cfg.slo.describe()} ({time.perf_counter() - started:.0f} s wall)")
     print(format_plan(table))
     cheapest = format_cheapest(table)
@@ -126,8 +139,32 @@ def run(args: argparse.Namespace) -> int:
     replicas_note = _replicas_note(cfg)
     if replicas_note:
         print(replicas_note)
-    print(f"\nwrote {args.out / 'plan.csv'}")
+    if skipped:
+        print(f"skipped pareto.png: {skipped}")
+    print(f"\nwrote {', '.join(str(args.out / name) for name in names)}")
     return 0
+
+
+def _write_pareto(points, cfg, path: Path) -> str | None:
+    """Draw plan_points.csv as the Pareto figure (plots/pareto.py) into ``path``; why not, when it cannot be
+    drawn (no point with a finite TPOT), else None."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from plots.pareto import pareto_figure, slo_text
+    from plots.style import MissingData
+
+    cards, policies = len(cfg.hardware), len(cfg.policies)
+    title = (
+        f"plan: {cards} card{'s' if cards != 1 else ''} x {policies} polic{'ies' if policies != 1 else 'y'}, "
+        f"SLO {slo_text(cfg.slo.bounds())}; one point per single-replica simulation"
+    )
+    try:
+        fig = pareto_figure(points, cfg.slo.tpot_p99_s, title=title, met_text="meets the SLO in a steady-state run")
+    except MissingData as exc:
+        return str(exc)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=130)
+    return None
 
 
 def _sample_note(cfg) -> str | None:
@@ -248,7 +285,12 @@ def parse_prices(text: str, own_card: str | None = None) -> dict[str, float]:
 
 
 def format_plan(table) -> str:
-    """plan.csv in display units."""
+    """plan.csv in display units (:func:`plan_display`) as console text."""
+    return plan_display(table).to_string(index=False)
+
+
+def plan_display(table):
+    """plan.csv in display units: one row per hardware × policy (× router), rounded, with units in the headers."""
     shown = table[["hardware", "policy"]].copy()
     shown["max rate/s"] = table["max_rate_per_s"].round(3)
     shown["TPOT p99 ms"] = (table["tpot_p99_s"].astype(float) * 1e3).round(1)
@@ -267,7 +309,7 @@ def format_plan(table) -> str:
         shown["$/h"] = table["usd_per_hour"].astype(float).round(2)
         shown["$/M out tok"] = table["usd_per_million_output_tokens"].astype(float).round(2)
     shown["sims"] = table["num_simulations"]
-    return shown.to_string(index=False)
+    return shown
 
 
 def format_cheapest(table) -> str | None:

@@ -1,4 +1,5 @@
-"""``pulseinfer sweep``: grids × policies × seeds, one cached simulation per point; sweep.csv and a ratio heatmap."""
+"""``pulseinfer sweep``: grids × policies × seeds, one cached simulation per point; sweep.csv, the Pareto figure and
+a ratio heatmap."""
 
 from __future__ import annotations
 
@@ -29,14 +30,21 @@ FLAGS = {
     "slo": "--slo",
 }
 METRIC_ALIASES = {"goodput": "goodput_requests_per_s", "throughput": "decode_tokens_per_s", "tpot_p99": "tpot_p99_s"}
+# A grid key whose last part is one of these sets the load: the Pareto figure joins a configuration's points along it.
+LOAD_KEYS = ("target_rate_per_s", "rate_per_s", "session_rate_per_s", "max_concurrency", "time_scale")
 
 EPILOG = """\
 Each point (grid values × policy × seed) is one simulation of one policy on its resolved scenario, a pure
 function of that scenario; results are cached under OUT/cache by a hash of the resolved scenario, policy,
 seed and code version, so rerunning with one more grid value simulates only the new points.
-OUT/sweep.csv: one row per point (grid values, policy, seed, slo_met, every summary column, the
-interpolated accuracy of the policy's selection and budget, error). With --compare A/B and two grid keys
-(three: the first makes panels): OUT/compare.csv and OUT/compare_<metric>.png, a heatmap of A / B.
+OUT/sweep.csv: one row per point (grid values, policy, seed, slo_met, every summary column, GPUs billed
+and, where the card has a price, $ per million output tokens, the interpolated accuracy of the policy's
+selection and budget, error). OUT/pareto.png: decode tokens/s per GPU against tokens/s per user (1 / mean
+TPOT), seeds averaged, one configuration per policy × the grid values that are not a load, its points
+joined along the load key (a rate, workload.synthetic.max_concurrency or workload.time_scale) if one is
+swept, the Pareto front of the points meeting the SLO (on at least half of the seeds). With --compare A/B
+and two grid keys (three: the first makes panels): OUT/compare.csv and OUT/compare_<metric>.png, a heatmap
+of A / B.
 
 Example (a 3 x 3 grid, two policies, on Ray):
   pulseinfer sweep default --grid workload.synthetic.prompt_tokens_mean=8192,32768,131072 \\
@@ -81,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="worker processes (local) or CPUs of a local Ray (default 1)")
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where simulations run")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto, ray://host:10001)")
-    p.add_argument("--out", type=Path, required=True, help="results folder (cache/, sweep.csv, compare.*)")
+    p.add_argument("--out", type=Path, required=True, help="results folder (cache/, sweep.csv, pareto.png, compare.*)")
     add_overrides(p, "workload.synthetic.num_requests=40")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_yes(p)
@@ -106,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         check_out_folder(args.out, "sweep")
         announce(big)  # every input checked: the size, before anything runs
         # a results folder pulseinfer writes in place: a re-run uses it again (its cache/ is what makes re-runs cheap)
-        tables = ["sweep.csv", *(["compare.csv", f"compare_{compare[2]}.png"] if compare else [])]
+        tables = ["sweep.csv", "pareto.png", *(["compare.csv", f"compare_{compare[2]}.png"] if compare else [])]
         mark_results(args.out, "sweep", files=tables, trees=["cache"])
         started = time.perf_counter()
         with Bar(total, "sweep", "point", hidden=args.no_progress) as bar:
@@ -121,12 +129,17 @@ def run(args: argparse.Namespace) -> int:
             )
         wall_s = time.perf_counter() - started
         outputs = {"sweep.csv": lambda path: result.table.to_csv(path, index=False)}
+        pareto, skipped = _pareto(result.table, cfg)
+        if pareto is not None:
+            outputs["pareto.png"] = lambda path: _save(pareto, path)
         if compare:
             a, b, metric = compare
             cells = compare_table(result.table, cfg.keys, a, b, metric)
             outputs["compare.csv"] = lambda path: cells.to_csv(path, index=False)
             outputs[f"compare_{metric}.png"] = lambda path: _heatmap(cells, cfg.keys, a, b, metric, path)
     files = write_whole(args.out, outputs)
+    if skipped:  # an earlier run's figure would be read as this one's
+        (args.out / "pareto.png").unlink(missing_ok=True)
     print(
         f"\nsweep: {total} points ({result.num_simulated} simulated, {result.num_cached} from the cache), "
         f"backend {args.backend}, {args.jobs} job(s), {wall_s:.1f} s wall"
@@ -134,8 +147,58 @@ def run(args: argparse.Namespace) -> int:
     if compare:
         print(f"\n{compare[0]} / {compare[1]}, {compare[2]} (mean over seeds):")
         print(cells.to_string(index=False))
+    if skipped:
+        print(f"skipped pareto.png: {skipped}")
     print(f"\nwrote {', '.join(str(f) for f in files)}")
     return 0
+
+
+def load_key(keys: list[str]) -> str | None:
+    """The first grid key that sets the load (its last dotted part in :data:`LOAD_KEYS`), or None."""
+    return next((k for k in keys if k.rsplit(".", 1)[-1] in LOAD_KEYS), None)
+
+
+def pareto_points(table, keys: list[str]):
+    """sweep.csv averaged over seeds, one row per grid values × policy (grid order): the Pareto figure's points
+    (plots/pareto.py), ``meets_slo`` where at least half of the seeds met the SLO."""
+    means = [c for c in ("decode_tokens_per_s", "tpot_mean_s", "gpus", "usd_per_million_output_tokens") if c in table]
+    grouped = table.groupby([*keys, "policy"], sort=False, dropna=False)
+    points = grouped[means].mean().join(grouped["slo_met"].mean().rename("slo_met_frac")).reset_index()
+    points["meets_slo"] = points["slo_met_frac"] >= 0.5
+    return points
+
+
+def _pareto(table, cfg):
+    """(the Pareto figure of the sweep, None), or (None, why it cannot be drawn)."""
+    from plots.pareto import pareto_figure, slo_text
+    from plots.style import MissingData
+
+    load = load_key(cfg.keys)
+    others = [k for k in cfg.keys if k != load]
+    grid = " x ".join(f"{k.rsplit('.', 1)[-1]} ({len(v)})" for k, v in cfg.grids)
+    seeds = f", mean of {cfg.num_seeds} seeds" if cfg.num_seeds > 1 else ""
+    title = f"sweep: {grid} x {len(cfg.policies)} polic{'ies' if len(cfg.policies) != 1 else 'y'}, SLO "
+    title += slo_text(cfg.slo.bounds()) + seeds
+    met_text = "meets the SLO" + (" on at least half of the seeds" if cfg.num_seeds > 1 else "")
+    try:
+        fig = pareto_figure(
+            pareto_points(table, cfg.keys),
+            cfg.slo.tpot_p99_s,
+            label_columns=["policy", *others],
+            order_column=load,
+            title=title,
+            met_text=met_text,
+        )
+    except MissingData as exc:
+        return None, str(exc)
+    return fig, None
+
+
+def _save(fig, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=130)
 
 
 def _config(args: argparse.Namespace):
