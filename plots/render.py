@@ -17,6 +17,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from plots.ablation import ablation_bars
+from plots.fleet import fleet_latency_cdf, prefill_pool, replica_batch, replica_kv, replica_load
 from plots.latency import tpot_cdf, ttft_cdf
 from plots.recall import layer_recall_heatmap, recall_per_step
 from plots.style import MissingData
@@ -36,6 +37,7 @@ class FigureSpec:
     name: str  # output file stem
     tables: tuple[str, ...]  # CSV files in the results folder, passed to draw in this order
     draw: Callable[..., Figure]  # (*tables, context) -> Figure; raises MissingData to skip
+    caption: str  # one sentence: what the figure shows and what to look for (a report page shows it)
 
 
 def _ablation(summary: pd.DataFrame, _ctx: dict) -> Figure:
@@ -45,18 +47,79 @@ def _ablation(summary: pd.DataFrame, _ctx: dict) -> Figure:
 
 
 FIGURES = [
-    FigureSpec("tpot_cdf", ("requests.csv",), lambda r, c: tpot_cdf(r, c["slo_tpot_s"])),
-    FigureSpec("ttft_cdf", ("requests.csv",), lambda r, c: ttft_cdf(r, c["slo_ttft_s"])),
-    FigureSpec("throughput_over_time", ("steps.csv",), lambda s, c: throughput_over_time(s, until_s=c["until_s"])),
-    FigureSpec("link_utilisation", ("steps.csv",), lambda s, c: link_utilisation(s, until_s=c["until_s"])),
-    FigureSpec("recall_per_step", ("steps.csv",), lambda s, c: recall_per_step(s)),
     FigureSpec(
-        "memory_over_time", ("steps.csv",), lambda s, c: memory_over_time(s, hbm_gib=c["hbm_gib"], until_s=c["until_s"])
+        "tpot_cdf", ("requests.csv",), lambda r, c: tpot_cdf(r, c["slo_tpot_s"]),
+        "Per-request TPOT distribution, one line per policy, with the TPOT SLO dotted: a curve further left is "
+        "faster decoding, and the height where it crosses the SLO line is the share of requests that met it.",
     ),
-    FigureSpec("layer_recall_heatmap", ("layer_recall.csv",), lambda t, c: layer_recall_heatmap(t, c["until_s"])),
-    FigureSpec("ablation_bars", ("summary.csv",), _ablation),
-    FigureSpec("layer_pipeline", ("timeline.csv",), lambda t, c: layer_pipeline_gantt(t)),
-]
+    FigureSpec(
+        "ttft_cdf", ("requests.csv",), lambda r, c: ttft_cdf(r, c["slo_ttft_s"]),
+        "Per-request TTFT distribution, one line per policy, with the TTFT SLO dotted: a long right tail means "
+        "requests queued for prefill or for a decode slot.",
+    ),
+    FigureSpec(
+        "throughput_over_time", ("steps.csv",), lambda s, c: throughput_over_time(s, until_s=c["until_s"]),
+        "Decode tokens per second and the mean decode batch over simulated time, per policy: a policy that keeps "
+        "a larger batch at a similar step time delivers more tokens; a dip marks prefill or recall stalls.",
+    ),
+    FigureSpec(
+        "link_utilisation", ("steps.csv",), lambda s, c: link_utilisation(s, until_s=c["until_s"]),
+        "Share of each time bin the host-to-GPU link is busy recalling KV, per offloading policy: near 100 % the "
+        "link, not compute, bounds decoding.",
+    ),
+    FigureSpec(
+        "recall_per_step", ("steps.csv",), lambda s, c: recall_per_step(s),
+        "Distribution over decode steps of the KV volume recalled from host per step (GB), per recalling policy: "
+        "a curve further left moves fewer bytes per step.",
+    ),
+    FigureSpec(
+        "memory_over_time", ("steps.csv",),
+        lambda s, c: memory_over_time(s, hbm_gib=c["hbm_gib"], until_s=c["until_s"]),
+        "HBM in use (weights plus KV, capacity dotted) and host DRAM holding offloaded KV over simulated time, per "
+        "policy: HBM flat at the capacity means admission is memory-bound.",
+    ),
+    FigureSpec(
+        "layer_recall_heatmap", ("layer_recall.csv",), lambda t, c: layer_recall_heatmap(t, c["until_s"]),
+        "Recalled KV per layer and time bin, one panel per recalling policy: bright rows are the layers whose "
+        "recall dominates, bright columns the busy periods.",
+    ),
+    FigureSpec(
+        "ablation_bars", ("summary.csv",), _ablation,
+        "Decode throughput per policy with its ratio to the first: how much each mechanism adds over the baseline.",
+    ),
+    FigureSpec(
+        "layer_pipeline", ("timeline.csv",), lambda t, c: layer_pipeline_gantt(t),
+        "Compute, gather and transfer intervals of one typical recalling decode step, per layer: gaps in the "
+        "compute row are the GPU waiting on a layer's recall.",
+    ),
+    FigureSpec(
+        "replica_load", ("requests.csv",), lambda r, c: replica_load(r, c["until_s"]),
+        "Outstanding requests (arrived, not finished) on each replica of a fleet over time, one panel per policy: "
+        "lines that drift apart mean the router leaves some replicas more loaded than others.",
+    ),
+    FigureSpec(
+        "replica_batch", ("replica_series.csv",), lambda s, c: replica_batch(s, c["until_s"]),
+        "Decode batch on each replica of a fleet over time, sampled, one panel per policy: replicas pinned at the "
+        "batch cap are saturated, replicas well below it are under-used.",
+    ),
+    FigureSpec(
+        "replica_kv", ("replica_series.csv",), lambda s, c: replica_kv(s, c["until_s"]),
+        "Device KV cache in use on each replica of a fleet over time, sampled, with the KV pool dotted: a replica "
+        "at the pool line admits no more requests (or offloads them).",
+    ),
+    FigureSpec(
+        "fleet_latency_cdf", ("requests.csv", "summary.csv"),
+        lambda r, s, c: fleet_latency_cdf(r, s, c["slo_ttft_s"], c["slo_tpot_s"]),
+        "TTFT and TPOT distributions over every request of a fleet, one line per policy labelled with its "
+        "replicas and router, SLOs dotted: compare the tails against the SLO lines.",
+    ),
+    FigureSpec(
+        "prefill_pool", ("requests.csv",), lambda r, c: prefill_pool(r, c["prefill"], c["num_prefill_gpus"]),
+        "Requests in remote prefill (from arrival to first token: queued or computing) on each replica of a fleet "
+        "with disaggregated prefill, the replica's prefill GPUs dotted: above the line requests wait for a prefill "
+        "GPU, so TTFT grows.",
+    ),
+]  # fmt: skip
 KNOWN_TABLES = sorted({t for spec in FIGURES for t in spec.tables})
 
 
@@ -142,7 +205,8 @@ def _window_s(tables: _TableCache) -> float | None:
 
 
 def _scenario_context(scenario_yaml: Path) -> dict:
-    """SLO bounds and HBM capacity from the resolved scenario, when it is there (lines on the figures)."""
+    """SLO bounds, HBM capacity and the prefill deployment from the resolved scenario, when it is there (lines on
+    the figures; the prefill pool figure needs ``serving.prefill: disaggregated``)."""
     try:
         if scenario_yaml.stat().st_size > MAX_SCENARIO_BYTES:  # not one pulseinfer wrote: no context lines
             return _scenario_context_of(None)
@@ -153,13 +217,16 @@ def _scenario_context(scenario_yaml: Path) -> dict:
 
 
 def _scenario_context_of(scenario: object) -> dict:
-    slo, hardware = _section(scenario, "slo"), _section(scenario, "hardware")
+    slo, hardware, serving = _section(scenario, "slo"), _section(scenario, "hardware"), _section(scenario, "serving")
     tpot_ms, ttft_s, hbm_gib = slo.get("tpot_ms"), slo.get("ttft_s"), hardware.get("hbm_gib")
+    prefill, prefill_gpus = serving.get("prefill"), serving.get("num_prefill_gpus")
     number = (int, float)
     return {
         "slo_tpot_s": tpot_ms * 1e-3 if isinstance(tpot_ms, number) else None,
         "slo_ttft_s": ttft_s if isinstance(ttft_s, number) else None,
         "hbm_gib": hbm_gib if isinstance(hbm_gib, number) else None,
+        "prefill": prefill if isinstance(prefill, str) else None,  # colocated, disaggregated or none
+        "num_prefill_gpus": prefill_gpus if isinstance(prefill_gpus, int) and prefill_gpus > 0 else None,
     }
 
 

@@ -16,7 +16,8 @@ from sim.config.files import resolve_table_format, table_format_problem
 from sim.run import SimResult
 
 SUFFIXES = {"csv": ".csv", "parquet": ".parquet"}
-TABLES = ("requests", "steps", "layers", "layer_recall", "timeline")  # PolicyResult's per-policy tables, in order
+# PolicyResult's per-policy tables, in order (``replica_series``: a fleet's, sim.metrics.fleet_summary.SERIES_COLUMNS)
+TABLES = ("requests", "steps", "layers", "layer_recall", "timeline", "replica_series")
 
 
 def write_table(df: pd.DataFrame, out_dir: Path, name: str, table_format: str) -> Path:
@@ -49,7 +50,8 @@ def write_result(result: SimResult, out_dir: Path) -> list[str]:
     """Write summary.csv, the requests/steps/layers/layer_recall/timeline tables (with a ``policy`` column;
     ``.parquet`` or ``.csv`` per ``run.table_format``) and scenario.yaml. With ``run.tables: summary`` only
     summary.csv, the requests table and scenario.yaml; a fleet (``serving.replicas`` > 1) writes summary.csv,
-    replicas.csv, the requests table and scenario.yaml.
+    replicas.csv, the requests table, the replica_series table (each replica's samples over time, with a
+    ``policy`` column) and scenario.yaml.
 
     Returns:
         The names of the files written, in order.
@@ -66,7 +68,7 @@ def write_result(result: SimResult, out_dir: Path) -> list[str]:
         written.append("replicas.csv")
     for name in TABLES:
         frames = [getattr(r, name) for r in result.policies.values()]
-        if any(f is None for f in frames):  # not kept (run.tables: summary)
+        if any(f is None for f in frames):  # not kept (run.tables: summary; a fleet's series: one replica)
             continue
         frames = [f.assign(policy=p) for f, p in zip(frames, result.policies)]
         df = pd.concat(frames, ignore_index=True)

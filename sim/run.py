@@ -9,9 +9,10 @@ so policies do not share random streams and the same seed gives identical tables
 
 With ``serving.replicas`` > 1 each policy runs as a fleet behind ``serving.router`` (sim/serving/cluster.py
 ``simulate_cluster``, the path ``plan`` checks fleets on): one summary row over the fleet, a ``replica`` column in
-the requests table and a per-replica table (``replicas.csv``); a fleet keeps no per-step tables (it runs with
-``run.tables: summary``). One replica is the single-replica path, unchanged. Every summary row gets the bill's
-columns (sim/metrics/bill.py: GPUs, GPU-hours, and with a price for the card the cost).
+the requests table, a per-replica table (``replicas.csv``) and each replica's samples over time (``replica_series``);
+a fleet keeps no per-step tables (it runs with ``run.tables: summary``). One replica is the single-replica path,
+unchanged. Every summary row gets the bill's columns (sim/metrics/bill.py: GPUs, GPU-hours, and with a price for the
+card the cost).
 
 Before a policy runs, its workload's clock is checked (sim/metrics/physics.py ``check_clock``: a
 ``ScenarioError``); after, its summary is checked against the card and the compute model (``check_physics``: a
@@ -69,6 +70,7 @@ class PolicyResult:
     timeline: pd.DataFrame | None  # intervals of one decode step that recalls
     kv_pool_gib: float = 0.0  # the device KV pool of one GPU (what a request rejected as exceeds_kv_pool outgrew)
     replicas: pd.DataFrame | None = None  # a fleet's per-replica rows (sim.metrics.fleet_summary.REPLICA_COLUMNS)
+    replica_series: pd.DataFrame | None = None  # a fleet's per-replica samples over time (fleet_summary.SERIES_COLUMNS)
 
 
 @dataclass
@@ -162,7 +164,7 @@ def simulate_fleet(
 ) -> PolicyResult:
     """Run one policy as ``serving.replicas`` replicas behind ``serving.router`` (sim/serving/cluster.py), with
     ``run.tables: summary`` (a fleet keeps no per-step tables): the fleet's requests (with a ``replica`` column),
-    its summary row (``simulate_cluster``'s, with :data:`FLEET_COLUMNS`) and per-replica rows.
+    its summary row (``simulate_cluster``'s, with :data:`FLEET_COLUMNS`), per-replica rows and samples.
 
     Raises:
         ScenarioError: a session (closed-loop) workload, which the router cannot replay; more replicas than
@@ -178,7 +180,7 @@ def simulate_fleet(
         summary_only(scenario), workload, policy_name, n, scenario.serving.router, seed_index, on_finish
     )
     return PolicyResult(
-        result.requests, None, result.summary, None, None, None, result.kv_pool_gib, replicas=result.replicas
+        result.requests, None, result.summary, None, None, None, result.kv_pool_gib, result.replicas, result.series
     )
 
 

@@ -71,13 +71,6 @@ def test_bad_gpu_hour_usd_exits_2_with_one_line(tmp_path, capsys, monkeypatch, c
     assert not (tmp_path / "o").exists()
 
 
-def test_simulate_refuses_plots_for_a_fleet(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sim.run.simulate", _no_simulation)
-    args = ["simulate", *_sets([*TINY, "serving.replicas=2"]), "--plots", "--out", str(tmp_path / "o")]
-    assert main(args) == EXIT_BAD_INPUT
-    assert "serving.replicas 2" in capsys.readouterr().err
-
-
 def _row(hardware, router, replicas, meets, usd_per_hour, per_million):
     row = dict.fromkeys(PLAN_COLUMNS)
     row.update(

@@ -72,13 +72,8 @@ def run(args: argparse.Namespace) -> int:
                 "summary has no cost columns",
                 file=sys.stderr,
             )
-    fleet = scenario.serving.replicas > 1
-    if args.plots and fleet:
-        raise UsageError(
-            f"--plots: a fleet (serving.replicas {scenario.serving.replicas}) keeps no per-step tables, which most "
-            "figures need; drop --plots or set serving.replicas=1"
-        )
-    if args.plots and scenario.run.tables == "summary":
+    fleet = scenario.serving.replicas > 1  # a fleet's figures need no per-step tables (plots/fleet.py)
+    if args.plots and scenario.run.tables == "summary" and not fleet:
         raise UsageError(
             "--plots: most figures need the per-step tables, which --summary-only (run.tables=summary) does not "
             "keep; drop one of them"

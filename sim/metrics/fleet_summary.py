@@ -25,6 +25,12 @@ REPLICA_COLUMNS = [
     "replica", "requests", "decode_tokens_per_s", "tpot_p50_s", "tpot_p99_s", "mean_batch", "peak_hbm_gib",
     "link_busy_frac",
 ]  # fmt: skip
+# Each replica's samples (ClusterResult.series; Recorder.samples: a decode and a prefill step row a sample_s seconds
+# at most): the step's start (s), phase (decode, prefill), batch size (requests; prefill: chunks), offloaded requests,
+# device KV pool in use after it and its size, HBM in use after it (GiB).
+SERIES_COLUMNS = [
+    "replica", "time_s", "phase", "batch_size", "num_offloaded", "kv_used_gib", "kv_pool_gib", "hbm_used_gib",
+]  # fmt: skip
 
 
 @dataclass
@@ -50,6 +56,7 @@ class ClusterResult:
     routed: list[int]  # requests sent to each replica
     replicas: pd.DataFrame  # REPLICA_COLUMNS, one row per replica
     kv_pool_gib: float  # one GPU's device KV pool (2**30 bytes)
+    series: pd.DataFrame  # SERIES_COLUMNS, by replica then time
 
 
 def fleet_result(
@@ -84,7 +91,10 @@ def fleet_result(
         for i, (n, table, o) in enumerate(zip(routed, tables, outcomes))
     ]
     pool_gib = first.capacity_blocks * first.block_bytes / GIB
-    return ClusterResult(requests, summary, routed, pd.DataFrame(rows, columns=REPLICA_COLUMNS), pool_gib)
+    series = [(i, t, ("prefill", "decode")[p], b, n, k * o.block_bytes / GIB, pool_gib, h / GIB)
+              for i, o in enumerate(outcomes) for t, p, b, n, k, h in o.recorder.samples]  # fmt: skip
+    replicas, series = pd.DataFrame(rows, columns=REPLICA_COLUMNS), pd.DataFrame(series, columns=SERIES_COLUMNS)
+    return ClusterResult(requests, summary, routed, replicas, pool_gib, series)
 
 
 def _end_s(scenario: Scenario, requests: pd.DataFrame, now_s: float) -> float:

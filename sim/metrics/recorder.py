@@ -9,11 +9,15 @@ Step rows are stored in step order as one typed ``array.array`` per column (8 by
 appended per column at once), turned into numpy columns by :meth:`Recorder.step_columns`; no per-row Python
 object is kept. What the summary needs of the steps (:class:`StepTotals`) is kept for every run; with
 ``keep_steps=False`` (``run.tables: summary``) it is all that is kept: no step rows, per-layer records or timeline.
+With a finite ``sample_s`` (a fleet's, issue 49) :attr:`Recorder.samples` keeps whatever ``keep_steps`` says at
+most one decode and one prefill step row a ``sample_s`` seconds: a coarse series.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -85,8 +89,11 @@ class Recorder:
     binned_bytes: dict[int, np.ndarray] = field(default_factory=dict)  # bin → float64 [num_layers] bytes
     timeline: list[tuple] = field(default_factory=list)  # one decode step's intervals
     recall_steps: int = 0  # decode steps that recalled so far
+    sample_s: float = math.inf  # seconds between :attr:`samples` (inf: none kept)
+    samples: list[tuple] = field(default_factory=list)  # (start_s, phase, batch, offloaded, blocks, HBM bytes) rows
 
     def __post_init__(self) -> None:
+        self._due_s = [0.0 if self.sample_s < math.inf else math.inf] * 2  # next [prefill, decode] sample from (s)
         self.layer_bytes = np.zeros(self.num_layers, dtype=np.int64)
         self.layer_fragments = np.zeros(self.num_layers, dtype=np.int64)
         self.layer_stall_s = np.zeros(self.num_layers)
@@ -125,6 +132,16 @@ class Recorder:
         """Keep one step's ``(kind, item, start_s, end_s, preempted)`` intervals (item = layer·groups + group)."""
         self.timeline = [(step_id, item // groups, item % groups, kind, a, b, p) for kind, item, a, b, p in intervals]
 
+    def _sample(self, times_s: list, k: int, phase: int, batch: int, offloaded: int, blocks: list, hbm: list) -> None:
+        """Append to :attr:`samples` the due rows among ``k`` steps starting at ``times_s[:k]`` (s, ascending): the
+        first step starting at or after its phase's due time, which then moves ``sample_s`` past its start (so a run
+        of k steps samples what k single steps would). A row: (start_s [s], phase (1 decode, 0 prefill), batch size,
+        offloaded requests, device KV blocks and HBM bytes used after the step: ``blocks``, ``hbm`` [k])."""
+        while times_s[k - 1] >= self._due_s[phase]:
+            i = bisect_left(times_s, self._due_s[phase], 0, k - 1)
+            self.samples.append((times_s[i], phase, batch, offloaded, blocks[i], hbm[i]))
+            self._due_s[phase] = times_s[i] + self.sample_s
+
     @property
     def next_step_id(self) -> int:
         """Id the next recorded step gets (steps are numbered in recording order from 0)."""
@@ -144,8 +161,9 @@ class Recorder:
         """Record the k = ``run.steps`` ≥ 1 decode steps taken of ``run`` (sim/step/cost.py ``DecodeRun``; a single step
         is a run of one): :attr:`totals`, the link and gather busy totals, the steps that recalled through the layer
         pipeline (:attr:`recall_steps`, their per-layer recall and stall, spread over the time bins they span), the
-        timeline of a step that recorded its intervals, and the step rows. Every float total adds the steps' values
-        one after another, as the steps ran (``np.cumsum`` along the steps is that sequential sum, in one call).
+        timeline of a step that recorded its intervals, the step rows and the due :attr:`samples` (kept always).
+        Every float total adds the steps' values one after another, as the steps ran (``np.cumsum`` along the steps
+        is that sequential sum, in one call).
 
         Args:
             run: the steps: ``attended_tokens``, the recall columns (:data:`RECALL_COLUMNS`; None: recalled nothing),
@@ -189,6 +207,8 @@ class Recorder:
         if recall is not None and (run.jobs is not None or run.sequential is not None):
             steps = np.flatnonzero(run.recall_bytes[:k]) if k > 1 else (None if not recall[0][0] else [0])
             self.recall_steps += 0 if steps is None else len(steps)
+        if times_s[k - 1] >= self._due_s[1]:
+            self._sample(times_s, k, 1, batch_size, num_offloaded, blocks_used, hbm_bytes)
         if not self.keep_steps:
             return
         if steps is not None and len(steps):  # per-layer recall and stall, in step order
@@ -244,7 +264,7 @@ class Recorder:
         kv_state: tuple[int, int, int],
     ) -> None:  # fmt: skip
         """Append one prefill forward's row of the step table (``sim.metrics.tables.STEP_COLUMNS``; its decode and
-        recall columns are 0) and update :attr:`totals`. Decode steps are recorded by :meth:`record_decode_run`.
+        recall columns are 0) and update :attr:`totals` and :attr:`samples`. Decode steps: :meth:`record_decode_run`.
 
         Args:
             kv_state: (device blocks used, HBM bytes used, host bytes used) after the forward.
@@ -259,6 +279,8 @@ class Recorder:
         t.prefill_time_s += duration_s
         if blocks_used > t.peak_kv_used_blocks:
             t.peak_kv_used_blocks = blocks_used
+        if start_s >= self._due_s[0]:
+            self._sample([start_s], 1, 0, batch_size, num_offloaded, [blocks_used], [hbm_bytes])
         if not self.keep_steps:
             return
         (

@@ -17,8 +17,9 @@ Routers (``ROUTERS``):
   Model assumption: the router sees every replica's cache as it is (llm-d and Dynamo track it from KV events).
 
 In → out: ``simulate_cluster(scenario, workload, policy, num_replicas, router)`` → ``ClusterResult`` (one request
-table with a ``replica`` column; one summary row over the cluster; one row per replica, ``REPLICA_COLUMNS``: the
-replicas' outcomes merged and checked by sim/metrics/fleet_summary.py ``fleet_result``). ``pulseinfer simulate`` runs it
+table with a ``replica`` column; one summary row over the cluster; one row per replica, ``REPLICA_COLUMNS``; each
+replica's samples every ``sample_interval_s`` (sim/serving/fleet.py), ``SERIES_COLUMNS``: the replicas' outcomes
+merged and checked by sim/metrics/fleet_summary.py ``fleet_result``). ``pulseinfer simulate`` runs it
 when ``serving.replicas`` > 1 (sim/run.py).
 """
 
@@ -35,7 +36,7 @@ from sim.config import Scenario
 from sim.metrics.fleet_summary import ClusterResult, fleet_result
 from sim.metrics.physics import check_clock
 from sim.serving.arrivals import ArrivalSchedule
-from sim.serving.fleet import Fleet, request_objects
+from sim.serving.fleet import Fleet, request_objects, sample_interval_s
 from sim.serving.fleet_pool import outcome_of, pool_size, run_replicas
 from sim.serving.replica import Replica
 from sim.serving.request import Request
@@ -150,7 +151,7 @@ def simulate_cluster(
         outcomes = run_replicas(scenario, workload, policy_name, num_replicas, seed_index, workers, on_finish)
         routed = [len(o.requests) for o in outcomes]
         return fleet_result(scenario, outcomes, policy_name, router, routed)
-    fleet = Fleet(scenario, policy_name, num_replicas, seed_index, on_finish)
+    fleet = Fleet(scenario, policy_name, num_replicas, seed_index, on_finish, sample_s=sample_interval_s(workload))
     picker = make_router(router, num_replicas, fleet.replicas)
     check_clock(scenario, workload, fleet.replicas[0].policy.compute)
     fleet.preload_kernels(workload["prompt_tokens"].to_numpy())

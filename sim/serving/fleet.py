@@ -10,6 +10,7 @@ closed-loop sessions (sim/serving/sessions.py); :meth:`Fleet.run` runs until eve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
@@ -24,6 +25,8 @@ from sim.policies import make_policy
 from sim.serving.replica import Replica
 from sim.serving.request import Request
 
+SAMPLES_OVER_ARRIVALS, MIN_SAMPLE_S = 500, 0.1  # a fleet's per-replica series (sample_interval_s): points, floor (s)
+
 
 def request_objects(workload: pd.DataFrame) -> list[Request]:
     """One :class:`Request` per workload row, in row (arrival) order."""
@@ -34,6 +37,14 @@ def request_objects(workload: pd.DataFrame) -> list[Request]:
         for req, ids in zip(reqs, workload["hash_ids"]):
             req.hash_ids, req.hash_block_tokens = tuple(ids), block_tokens
     return reqs
+
+
+def sample_interval_s(workload: pd.DataFrame) -> float:
+    """Seconds between a fleet's per-replica samples (``Recorder.sample_s``, the ``replica_series`` table): the
+    workload's arrival span / :data:`SAMPLES_OVER_ARRIVALS`, at least :data:`MIN_SAMPLE_S`: ~500 samples a replica
+    over the arrivals of any trace (a day's trace: one every ~3 min), plus the drain's at the same interval."""
+    arrival_s = workload["arrival_s"].to_numpy(dtype=float)
+    return max(float(np.ptp(arrival_s)) / SAMPLES_OVER_ARRIVALS if len(arrival_s) else 0.0, MIN_SAMPLE_S)
 
 
 def replicas_sharing_node(scenario: Scenario, num_replicas: int) -> list[int]:
@@ -68,6 +79,7 @@ class Fleet:
         on_finish: called with each finished or rejected request.
         indices: which replicas of the ``num_replicas`` to build (default all), each seeded and placed as in the
             whole fleet (a worker process simulating some replicas of a static router, sim/serving/fleet_pool.py).
+        sample_s: seconds between the recorders' samples (``Recorder.samples``; :func:`sample_interval_s`).
 
     Raises:
         CapacityError: if the model does not fit in HBM.
@@ -81,6 +93,7 @@ class Fleet:
         seed_index: int = 0,
         on_finish: Callable[[Request], None] | None = None,
         indices: Sequence[int] | None = None,
+        sample_s: float = math.inf,
     ) -> None:
         self.scenario = scenario
         self.env = simpy.Environment()
@@ -90,7 +103,9 @@ class Fleet:
         sharing = replicas_sharing_node(scenario, num_replicas)
         for i in range(num_replicas) if indices is None else indices:
             rng = np.random.default_rng([scenario.seed, seed_index, *([i] if i else [])])
-            rec = Recorder(scenario.model.num_layers, run.layer_bin_s, run.timeline_step, run.tables == "all")
+            rec = Recorder(
+                scenario.model.num_layers, run.layer_bin_s, run.timeline_step, run.tables == "all", sample_s=sample_s
+            )
             policy = make_policy(on_node(scenario, sharing[i]), policy_name)
             self.replicas.append(Replica(self.env, scenario, policy, rng, rec, on_finish))
             self.recorders.append(rec)

@@ -36,7 +36,7 @@ from sim.metrics import Recorder, requests_table
 from sim.metrics.fleet_summary import ReplicaOutcome
 from sim.metrics.physics import bounds_of
 from sim.serving.arrivals import ArrivalSchedule, timeout_at
-from sim.serving.fleet import Fleet, request_objects
+from sim.serving.fleet import Fleet, request_objects, sample_interval_s
 from sim.serving.replica import Replica
 from workers import WorkerPool
 
@@ -87,7 +87,7 @@ def run_replicas(
     arrivals = workload["arrival_s"].to_numpy(dtype=np.float64)
     schedule = ArrivalSchedule(arrivals, 0.0)  # the router's clock at each arrival (its environment starts at 0)
     before = np.concatenate([[0.0], schedule.times_s[:-1]])  # the router's clock when it waits for each arrival
-    last_s = float(schedule.times_s[-1]) if len(arrivals) else 0.0
+    last_s, sample_s = float(schedule.times_s[-1]) if len(arrivals) else 0.0, sample_interval_s(workload)
     tasks = []
     for i in range(num_replicas):
         mine = np.arange(i, len(workload), num_replicas)
@@ -95,7 +95,7 @@ def run_replicas(
         tasks.append((scenario, policy_name, num_replicas, seed_index, i, rows, schedule.subset(mine), before[mine]))
     outcomes: list[ReplicaOutcome | None] = [None] * num_replicas
     with WorkerPool(min(workers, num_replicas)) as pool:  # Ctrl-C, SIGTERM or a failed replica stops every worker
-        futures = [pool.submit(simulate_replica, *task, last_s) for task in tasks]
+        futures = [pool.submit(simulate_replica, *task, last_s, sample_s) for task in tasks]
         index = {future: i for i, future in enumerate(futures)}
 
         def collect(future: Future) -> None:
@@ -119,15 +119,16 @@ def simulate_replica(
     own: ArrivalSchedule,
     before_s: np.ndarray,
     last_s: float,
+    sample_s: float = math.inf,
 ) -> ReplicaOutcome:
     """Replica ``index`` of a round-robin fleet alone (a worker's task): its requests ``rows`` (arrival order),
     submitted at ``own``'s times, each after reaching ``before_s`` (the router's clock when it waits for it), the
-    replica closed at ``last_s`` (the fleet's last arrival).
+    replica closed at ``last_s`` (the fleet's last arrival), sampled every ``sample_s`` seconds (the fleet's).
 
     Raises:
         CapacityError: the model does not fit in HBM; RuntimeError: a process's error.
     """
-    fleet = Fleet(scenario, policy_name, num_replicas, seed_index, indices=[index])
+    fleet = Fleet(scenario, policy_name, num_replicas, seed_index, indices=[index], sample_s=sample_s)
     replica, recorder = fleet.replicas[0], fleet.recorders[0]
     fleet.preload_kernels(rows["prompt_tokens"].to_numpy())
     horizon_s = scenario.run.horizon_s if scenario.run.horizon_s is not None else math.inf

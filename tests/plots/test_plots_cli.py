@@ -94,7 +94,9 @@ def test_fixture_tables_of_later_issues_render_through_the_registry(tmp_path, su
     notes: list[str] = []
     written = plot_results(tmp_path, tmp_path / "figs", ["png"], note=notes.append)
     assert sorted(p.stem for p in written) == ["ablation_bars", "layer_pipeline", "layer_recall_heatmap"]
-    assert len(notes) == 6  # the two latency CDFs and four steps.csv figures: requests.csv and steps.csv are absent
+    # the two latency CDFs, four steps.csv figures and five fleet figures: requests.csv, steps.csv and replica_series
+    # are absent
+    assert len(notes) == 11
 
 
 @pytest.mark.parametrize(
