@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pulseinfer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, HungUp, Terminated
+from pulseinfer.provenance import invocation
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "INPUT_ERRORS", "build_parser", "entry", "error_message", "main"]
 
@@ -56,6 +57,7 @@ COMMANDS = [
     "accuracy",
     "engine_bench",
     "trace",
+    "report",
 ]  # command modules, help order
 
 # top-level package → names of its exception classes that mean bad input (subclasses included)
@@ -80,8 +82,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"pulseinfer.commands.{name}")
-        module.add_parser(sub).set_defaults(run=module.run)
+        command = module.add_parser(sub)
+        command.set_defaults(run=module.run)
+        if name not in UNREPORTED:
+            _add_report_flag(command)
     return parser
+
+
+UNREPORTED = {"plot", "trace", "report"}  # commands that write no results folder of their own: no --report
+
+
+def _add_report_flag(parser: argparse.ArgumentParser) -> None:
+    """``--report`` on ``parser`` and on each of its own sub-commands (``calibrate serving``). Set only where given
+    (a sub-command's default would otherwise overwrite ``calibrate --report serving``)."""
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also write OUT/report.html: one self-contained page with the verdict, the key table, every figure "
+        "and the provenance (as `pulseinfer report OUT`)",
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _add_report_flag(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     try:
-        with _signals_raise():
-            return args.run(args)
+        with _signals_raise(), invocation(argv) as written:
+            status = args.run(args)
+            if status == 0 and getattr(args, "report", False):
+                _write_reports(written)
+            return status
     except Terminated as exc:  # SIGTERM, or SIGHUP (HungUp)
         print(exc.line, file=sys.stderr)
         return exc.status
@@ -136,6 +163,16 @@ def _signals_raise() -> Iterator[None]:
 
 def _raise_for(signum: int, frame: object) -> None:
     raise RAISED[signum]
+
+
+def _write_reports(folders: list) -> None:
+    """``--report``: the report page of each results folder the command wrote (pulseinfer/page/)."""
+    from pulseinfer.page import write_report
+
+    if not folders:
+        print("note: --report: this run wrote no results folder, so there is no report page", file=sys.stderr)
+    for folder in folders:
+        print(f"wrote {write_report(folder)}")
 
 
 def entry() -> None:

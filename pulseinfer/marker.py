@@ -102,6 +102,40 @@ def read_writer(folder: Path) -> str | None:
     return writer.strip() if isinstance(writer, str) and writer.strip() != "pulseinfer" else ""
 
 
+def read_provenance(folder: Path) -> dict:
+    """The ``provenance`` ``folder``'s marker recorded (:func:`write_marker`); {} for a marker of an earlier version,
+    a damaged one, or none. Raises OSError if the marker cannot be read."""
+    path = folder / MARKER
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+    found = data.get("provenance") if isinstance(data, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def add_file(folder: Path, name: str) -> None:
+    """List the file ``name`` (directly inside ``folder``) in ``folder``'s own marker, keeping what it records, so
+    a re-run of the command replaces it (``pulseinfer report`` adds ``report.html``). Raises OSError if the marker
+    cannot be read or written; a marker without lists (an earlier version's) is left as it is."""
+    path = folder / MARKER
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return
+    if not isinstance(data, dict) or data.get("pulseinfer_results") != FORMAT:
+        return
+    files = [str(p) for p in data.get("files", [])]
+    if name in files:
+        return
+    data["files"] = sorted([*files, name])
+    tmp = folder / f"{MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def claims_of(folder: Path) -> Claims | None:
     """What pulseinfer wrote in ``folder``: its own marker's claims and those of enclosing folders that claim it.
 
@@ -145,8 +179,12 @@ def written_claims(folder: Path) -> Claims:
     return Claims(frozenset(files), frozenset(folders))
 
 
-def write_marker(folder: Path, command: str, claims: Claims) -> None:
-    """Write ``folder``'s marker listing ``claims`` (written to a temporary file, then renamed into place)."""
+def write_marker(folder: Path, command: str, claims: Claims, provenance: dict | None = None) -> None:
+    """Write ``folder``'s marker listing ``claims`` and, under ``provenance``, the run that wrote it (command line,
+    version, date, commit: pulseinfer/provenance.py; default: the running command's). Written to a temporary file,
+    then renamed into place."""
+    from pulseinfer.provenance import current
+
     data = {
         "pulseinfer_results": FORMAT,
         "written_by": f"pulseinfer {command}".strip(),
@@ -155,6 +193,7 @@ def write_marker(folder: Path, command: str, claims: Claims) -> None:
         "files": sorted(claims.files),
         "folders": sorted(claims.folders),
         "trees": sorted(claims.trees),
+        "provenance": current() if provenance is None else provenance,
     }
     tmp = folder / f"{MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

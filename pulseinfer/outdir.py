@@ -55,6 +55,7 @@ from pulseinfer.marker import (
     write_marker,
     written_claims,
 )
+from pulseinfer.provenance import wrote
 
 __all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command"]
 FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
@@ -198,6 +199,7 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
 
         with signals_held():  # an exception between the renames would leave no out, or a .NAME.old-XXXX folder
             _replace(stage, out, claims, flag)
+        wrote(out)
     except BaseException as exc:
         if stage is not None and not isinstance(exc, StageKept):  # never delete the user's entries put there
             shutil.rmtree(stage, ignore_errors=True)
@@ -265,6 +267,7 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
     out.mkdir(exist_ok=True)
     written = Claims(files=frozenset(files), trees=frozenset(trees))
     write_marker(out, command, (read_claims(out) or Claims()) | written)
+    wrote(out)
 
 
 def _make_parents(out: Path, flag: str) -> list[Path]:

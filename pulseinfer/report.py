@@ -42,14 +42,20 @@ MEMORY_IO = [
 ]
 
 
-def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
+def display_frame(summary: pd.DataFrame, spec: list[tuple]) -> pd.DataFrame:
+    """The columns of ``spec`` (column, header, scale, format) that ``summary`` has, scaled and formatted as text
+    under their display headers ("-" for a missing value); the console tables and the report page show this."""
     cols = {}
     for col, header, scale, fmt in spec:
         if col not in summary:
             continue
         values = summary[col] * scale if scale is not None else summary[col]
         cols[header] = [("-" if pd.isna(v) else fmt.format(v)) for v in values]
-    return pd.DataFrame(cols).to_string(index=False)
+    return pd.DataFrame(cols)
+
+
+def _table(summary: pd.DataFrame, spec: list[tuple]) -> str:
+    return display_frame(summary, spec).to_string(index=False)
 
 
 BILL = [

@@ -143,6 +143,7 @@ def test_every_listed_input_error_is_an_exception_class_of_its_package():
         "study.space",
         "traces",
         "calibrate.cases",
+        "calibrate.serving_cases",
         "plots.render",
     ):
         importlib.import_module(module)

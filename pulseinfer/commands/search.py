@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
             study = run_search(cfg, args.trials, args.jobs, on_progress=on_progress)
     result = collect_results(study, cfg, args.out)
+    if _draw_trials(result.trials, cfg.slo.tpot_p99_s, args.out / "trials.png"):
+        result.files.append(args.out / "trials.png")
     _print_report(cfg, result, time.perf_counter() - started)
     if result.best is None:
         print("error: no trial completed; see the error column of trials.csv", file=sys.stderr)
@@ -147,7 +149,8 @@ def _config(args: argparse.Namespace):
     if args.storage:  # opened before OUT is made: a refused --storage leaves nothing behind
         _open_storage(storage)
     journal = [] if args.storage else ["study.journal", "study.journal.lock"]  # .lock: while a worker writes
-    mark_results(args.out, "search", files=["trials.csv", "pareto.csv", "best.yaml", *journal])  # creates OUT
+    files = ["trials.csv", "pareto.csv", "best.yaml", "trials.png", *journal]
+    mark_results(args.out, "search", files=files)  # creates OUT
     if not args.storage:
         _open_storage(storage)
     announce(big)  # every input checked: the size, before any trial runs
@@ -162,6 +165,24 @@ def _config(args: argparse.Namespace):
         seed=args.seed,
         accuracy=accuracy,
     )
+
+
+def _draw_trials(trials, tpot_p99_bound_s: float | None, path: Path) -> bool:
+    """Write ``trials.png`` (plots/search.py: goodput per trial, throughput against p99 TPOT) and return True; a note
+    and False when the study has no trial to draw (an earlier trials.png is removed: it would show another study)."""
+    import matplotlib
+
+    from plots.search import search_trials
+    from plots.style import MissingData
+
+    matplotlib.use("Agg")
+    try:
+        search_trials(trials, tpot_p99_bound_s).savefig(path, dpi=100)
+    except MissingData as exc:
+        path.unlink(missing_ok=True)
+        print(f"note: no trials.png: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _open_storage(storage: str) -> None:

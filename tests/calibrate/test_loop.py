@@ -48,11 +48,13 @@ def test_validate_cli_writes_csv_and_plot(calibrated, tmp_path, capsys):
     rc = main(
         [
             "validate", "--profile", str(out), "--policy", "pulseinfer", "--contexts", "1024,2048",
-            "--output-tokens", "4", "--repeats", "1", "--out", str(tmp_path),
+            "--output-tokens", "4", "--repeats", "1", "--out", str(tmp_path), "--report",
         ]
     )  # fmt: skip
     assert rc == 0
     assert (tmp_path / "validation_steps.png").stat().st_size > 0
+    page = (tmp_path / "report.html").read_text()  # the engine-validation report page (pulseinfer/page/checks.py)
+    assert 'id="verdict">The simulator is ' in page and "fig-validation_steps" in page
     header = (tmp_path / "validation.csv").read_text().splitlines()[0]
     assert header == "policy,metric,simulated,measured,error_pct"
     out_text = capsys.readouterr().out

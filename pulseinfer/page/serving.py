@@ -1,0 +1,246 @@
+"""Report pages of the serving studies: ``simulate`` (one replica or a fleet), ``plan``, ``sweep`` and ``search``.
+
+Each ``*_page(folder)`` returns the :class:`~pulseinfer.page.html.Page` content of its kind: the verdict (the
+answer to the question the command answers), the key table and the notes; figures and provenance are added by
+pulseinfer/page/__init__.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from pulseinfer.page.folder import Folder, fmt, number, slo_of
+from pulseinfer.page.html import Page, Table
+
+
+def slo_text(slo: dict) -> str:
+    """``TPOT p99 ≤ 50 ms, TTFT p99 ≤ 10 s`` from a scenario's slo mapping; "no SLO" without bounds."""
+    parts = []
+    if number(slo.get("tpot_ms")) == number(slo.get("tpot_ms")):
+        parts.append(f"TPOT p99 ≤ {fmt(slo['tpot_ms'])} ms")
+    if number(slo.get("ttft_s")) == number(slo.get("ttft_s")):
+        parts.append(f"TTFT p99 ≤ {fmt(slo['ttft_s'])} s")
+    return ", ".join(parts) or "no SLO"
+
+
+def meets(row: pd.Series, slo: dict) -> bool | None:
+    """Whether a summary row's p99 TPOT and TTFT meet the scenario's SLO (None: no SLO or no value)."""
+    checks = []
+    if number(slo.get("tpot_ms")) == number(slo.get("tpot_ms")):
+        checks.append(number(row.get("tpot_p99_s")) * 1e3 <= float(slo["tpot_ms"]))
+    if number(slo.get("ttft_s")) == number(slo.get("ttft_s")):
+        checks.append(number(row.get("ttft_p99_s")) <= float(slo["ttft_s"]))
+    return all(checks) if checks else None
+
+
+def simulate_page(folder: Folder) -> Page:
+    """``pulseinfer simulate``: which policy serves this trace best. Verdict: the policy with the most goodput
+    (requests per second that met the SLO), its throughput against the SGLang-like baseline, who meets the SLO."""
+    from pulseinfer.report import BILL, MEMORY_IO, REPLICAS, SERVICE, display_frame, summary_notes
+
+    scenario = folder.yaml("scenario.yaml")
+    slo = slo_of(scenario)
+    summary = folder.table("summary.csv")
+    replicas = folder.table("replicas.csv")
+    fleet = replicas is not None
+    name = scenario.get("name", folder.path.name)
+    if fleet:
+        first = summary.iloc[0] if summary is not None and len(summary) else {}
+        shape = f"{fmt(first.get('num_replicas'))} replicas behind {first.get('router', '?')}"
+    else:
+        shape = "one replica"
+    subtitle = f"scenario {name}: {_model_line(scenario)}, {shape}"
+    page = Page(f"pulseinfer simulate — {folder.path.name}", subtitle, "")
+    if summary is None or not len(summary):
+        page.verdict, page.warn = "summary.csv is missing or empty: nothing to compare", True
+        return page
+    page.verdict, page.warn = _simulate_verdict(summary, slo, shape)
+    page.tables.append(Table("Service", display_frame(summary, SERVICE), f"SLO: {slo_text(slo)}", ("policy",)))
+    page.tables.append(Table("Memory and I/O", display_frame(summary, MEMORY_IO), "", ("policy",)))
+    page.tables.append(Table("The bill", display_frame(summary, BILL), "", ("policy", "router")))
+    if fleet:
+        page.tables.append(Table("Replicas", display_frame(replicas, REPLICAS), "", ("policy",)))
+    page.notes += summary_notes(summary)
+    return page
+
+
+def _simulate_verdict(summary: pd.DataFrame, slo: dict, shape: str) -> tuple[str, bool]:
+    goodput = summary["goodput_requests_per_s"].map(number)
+    best = summary.loc[goodput.fillna(-1).idxmax()]
+    line = (
+        f"{best['policy']} serves the most goodput on {shape}: {fmt(best['goodput_requests_per_s'])} req/s within "
+        f"the SLO, {fmt(best['decode_tokens_per_s'])} decode tok/s, TPOT p99 {fmt(number(best['tpot_p99_s']) * 1e3)} ms"
+    )
+    if "sglang" in set(summary["policy"]) and best["policy"] != "sglang":
+        base = summary.loc[summary["policy"] == "sglang"].iloc[0]
+        ratio = number(best["decode_tokens_per_s"]) / number(base["decode_tokens_per_s"])
+        line += f" ({ratio:.2f}x sglang's decode tok/s)"
+    verdicts = {p: meets(r, slo) for p, r in zip(summary["policy"], (r for _, r in summary.iterrows()))}
+    met = [p for p, ok in verdicts.items() if ok]
+    missed = [p for p, ok in verdicts.items() if ok is False]
+    if met or missed:
+        line += f". {slo_text(slo)}: met by {', '.join(met) or 'none'}"
+        line += f"; missed by {', '.join(missed)}" if missed else ""
+    return line + ".", not met and bool(missed)
+
+
+def _model_line(scenario: dict) -> str:
+    model = scenario.get("model", {}) if isinstance(scenario.get("model"), dict) else {}
+    hardware = scenario.get("hardware", {}) if isinstance(scenario.get("hardware"), dict) else {}
+    engine = scenario.get("engine")
+    engine = engine.get("name") if isinstance(engine, dict) else engine
+    line = f"{model.get('name', '?')} on {hardware.get('name', '?')}"
+    return line + (f", engine {engine}" if engine else "")
+
+
+def plan_page(folder: Folder) -> Page:
+    """``pulseinfer plan``: how many GPUs. Verdict: with a target rate, the fewest GPUs (or the cheapest fleet when
+    priced) meeting the SLO; without, the highest rate one replica sustains."""
+    from pulseinfer.commands.plan import plan_display
+
+    table = folder.table("plan.csv")
+    page = Page(f"pulseinfer plan — {folder.path.name}", "capacity under a tail SLO, per card × policy", "")
+    if table is None or not len(table):
+        page.verdict, page.warn = "plan.csv is missing or empty: no plan to show", True
+        return page
+    page.tables.append(Table("Plan", plan_display(table), "", ("hardware", "policy", "router")))
+    page.notes += [
+        f"{r.hardware}/{r.policy}: {r.note}" for r in table.itertuples() if isinstance(r.note, str) and r.note
+    ]
+    ok = table[table["meets_slo"].astype(str).str.lower() == "true"]
+    target = number(table["target_rate_per_s"].iloc[0])
+    if target == target:
+        if ok.empty:
+            page.verdict, page.warn = (
+                f"No card and policy meets the SLO at {fmt(target)} req/s within the replica cap.",
+                True,
+            )
+            return page
+        priced = ok[ok["usd_per_hour"].map(number).notna()]
+        if len(priced):
+            best = priced.loc[priced["usd_per_hour"].map(number).idxmin()]
+            cost = (
+                f", {fmt(best['gpus_billed'])} GPUs billed, ${fmt(best['usd_per_hour'])}/h, "
+                f"${fmt(best['usd_per_million_output_tokens'])} per M output tokens"
+            )
+            how = "cheapest"
+        else:
+            best = ok.loc[ok["gpus_for_target"].map(number).idxmin()]
+            cost, how = f", {fmt(best['gpus_for_target'])} decode GPUs", "fewest GPUs"
+        page.verdict = (
+            f"For {fmt(target)} req/s, {how}: {best['policy']} on {best['hardware']}, "
+            f"{fmt(best['replicas_for_target'])} "
+            f"replica(s) of TP{fmt(best['tp_size'])} behind {best['router']}{cost} "
+            f"(one replica sustains {fmt(best['max_rate_per_s'])} req/s)."
+        )
+    else:
+        if ok.empty:
+            page.verdict, page.warn = "No card and policy meets the SLO even at the lowest rate tried.", True
+            return page
+        best = ok.loc[ok["max_rate_per_s"].map(number).idxmax()]
+        page.verdict = (
+            f"Highest rate one replica sustains under the SLO: {best['policy']} on {best['hardware']}, "
+            f"{fmt(best['max_rate_per_s'])} req/s ({fmt(best['decode_tokens_per_s'])} decode tok/s)."
+        )
+    return page
+
+
+def sweep_page(folder: Folder) -> Page:
+    """``pulseinfer sweep``: which grid point is best. Verdict: the row (seeds averaged) with the most goodput that
+    met the SLO, and, with ``--compare``, the range of the A/B ratio over the grid."""
+    table = folder.table("sweep.csv")
+    page = Page(f"pulseinfer sweep — {folder.path.name}", "a grid of simulations", "")
+    if table is None or not len(table):
+        page.verdict, page.warn = "sweep.csv is missing or empty: no grid to show", True
+        return page
+    keys = [c for c in table.columns if "." in c]  # the grid's dotted scenario keys
+    group = [*keys, "policy"]
+    metrics = [c for c in ("goodput_requests_per_s", "decode_tokens_per_s", "tpot_p99_s", "ttft_p99_s") if c in table]
+    mean = table.groupby(group, sort=False, dropna=False)[metrics].mean().reset_index()
+    if "slo_met" in table:
+        mean["slo_met"] = table.groupby(group, sort=False, dropna=False)["slo_met"].mean().to_numpy()
+    shown = mean[group].astype(str)
+    for col, header, scale in (
+        ("goodput_requests_per_s", "goodput req/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),
+        ("tpot_p99_s", "TPOT p99 ms", 1e3), ("ttft_p99_s", "TTFT p99 s", 1), ("slo_met", "SLO met (of seeds)", 1),
+    ):  # fmt: skip
+        if col in mean:
+            shown[header] = [fmt(number(v) * scale) for v in mean[col]]
+    page.tables.append(Table("Grid (mean over seeds)", shown, f"{len(table)} rows in sweep.csv", tuple(group)))
+    pool = mean[mean["slo_met"] > 0] if "slo_met" in mean else mean
+    metric = "goodput_requests_per_s" if "goodput_requests_per_s" in mean else metrics[0] if metrics else None
+    if pool.empty or metric is None:
+        page.verdict, page.warn = "No grid point met the SLO.", True
+    else:
+        best = pool.loc[pool[metric].map(number).idxmax()]
+        where = ", ".join(f"{k}={best[k]}" for k in keys)
+        page.verdict = (
+            f"Most goodput: {best['policy']} at {where or 'every point'}: {fmt(best[metric])} req/s within the SLO."
+        )
+    compare = folder.table("compare.csv")
+    if compare is not None and "ratio" in compare and len(compare):
+        ratio = compare["ratio"].map(number)
+        page.verdict += f" A/B ratio over the grid: {fmt(ratio.min())} to {fmt(ratio.max())}."
+    return page
+
+
+def search_page(folder: Folder) -> Page:
+    """``pulseinfer search``: which knob settings. Verdict: best.yaml's first comment line (the best trial, its
+    objective and whether it meets the SLO), and the count of trials."""
+    trials = folder.table("trials.csv")
+    page = Page(f"pulseinfer search — {folder.path.name}", "Optuna search over a policy's knobs under an SLO", "")
+    best_text = folder.text("best.yaml") or ""
+    header = [line.lstrip("# ").strip() for line in best_text.splitlines() if line.startswith("#")]
+    n = 0 if trials is None else len(trials)
+    feasible = 0 if trials is None or "feasible" not in trials else int(trials["feasible"].astype(str).eq("True").sum())
+    if header:
+        page.verdict = f"{header[0]} ({feasible} of {n} trials feasible)."
+        found = re.search(r"best trial (\d+)", header[0])
+        row = trials[trials["trial"] == int(found.group(1))] if found is not None and trials is not None else None
+        if row is not None and len(row):
+            r = row.iloc[0]
+            page.verdict = (
+                f"Best of {n} trials ({feasible} feasible): trial {int(r['trial'])}, goodput "
+                f"{fmt(r.get('goodput_requests_per_s'))} req/s, {fmt(r.get('decode_tokens_per_s'))} decode tok/s, TPOT "
+                f"p99 {fmt(number(r.get('tpot_p99_s')) * 1e3)} ms{_objective(header[0])}. Its settings: best.yaml."
+            )
+        page.notes += header[1:2]
+    else:
+        page.verdict, page.warn = f"No best trial recorded ({feasible} of {n} trials feasible).", True
+    for name, title in (("pareto.csv", "Pareto front of the feasible trials"), ("trials.csv", "Trials")):
+        t = folder.table(name)
+        if t is not None and len(t):
+            page.tables.append(_trials_table(t, title))
+    if best_text:
+        page.texts.append(("best.yaml", best_text))
+    return page
+
+
+def _objective(header: str) -> str:
+    """``; objective goodput, SLO tpot_p99_ms=60: meets the SLO`` from best.yaml's first line ("" if not there)."""
+    found = re.search(r"\((objective [^)]*)\): (.*?)\.?$", header)
+    return f"; {found.group(1)}: {found.group(2)}" if found else ""
+
+
+def _trials_table(trials: pd.DataFrame, title: str, rows: int = 25) -> Table:
+    knobs = [c for c in trials.columns if c.startswith("policy.")]
+    shown = pd.DataFrame({"trial": trials["trial"].astype(str)}) if "trial" in trials else pd.DataFrame()
+    for col, header, scale in (
+        ("goodput_requests_per_s", "goodput req/s", 1), ("decode_tokens_per_s", "tok/s", 1),
+        ("tpot_p99_s", "TPOT p99 ms", 1e3), ("ttft_p99_s", "TTFT p99 s", 1),
+    ):  # fmt: skip
+        if col in trials:
+            shown[header] = [fmt(number(v) * scale) for v in trials[col]]
+    for knob in knobs:
+        shown[knob.split(".")[-1]] = [fmt(v) if number(v) == number(v) else str(v) for v in trials[knob]]
+    if "feasible" in trials:
+        shown["feasible"] = trials["feasible"].astype(str)
+    order = (
+        trials["goodput_requests_per_s"].map(number).fillna(-1).sort_values(ascending=False).index
+        if "goodput_requests_per_s" in trials
+        else trials.index
+    )
+    note = f"best {rows} of {len(trials)} by goodput" if len(trials) > rows else ""
+    return Table(title, shown.loc[order[:rows]], note, ("trial",))

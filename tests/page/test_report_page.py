@@ -1,0 +1,141 @@
+"""The report page of each kind of results folder (issue 49): self-contained (no script, nothing from the network,
+figures inline), a verdict that answers the command's question, the key table, captions, provenance; `pulseinfer
+report` and `--report`; the page is the folder's (listed in its marker, replaced by a re-run)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pulseinfer.cli import main
+from pulseinfer.marker import MARKER, write_marker, written_claims
+from pulseinfer.page import build_page
+from tests.page.conftest import COMMANDS
+
+IMG = re.compile(r'<img src="([^"]*)"')
+VERDICT = re.compile(r'<p class="verdict[^"]*" id="verdict">([^<]+)</p>')
+
+
+def _html(folder: Path) -> str:
+    return (folder / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("kind", list(COMMANDS))
+def test_each_kind_gets_a_self_contained_page(kind, report_folders):
+    folder = report_folders[kind]
+    html = _html(folder)
+    assert VERDICT.search(html) and VERDICT.search(html).group(1).strip()
+    assert "<script" not in html.lower()
+    assert not re.search(r'(?:src|href)="(?:https?:)?//', html)  # nothing loaded from the network
+    images = IMG.findall(html)
+    for src in images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    figure_files = [p for p in [*folder.glob("*.png"), *folder.glob("plots/*.png")]]
+    assert len(images) >= len(figure_files)  # every figure file of the folder is on the page
+    assert html.count("<figcaption>") == len(images)
+    marker = json.loads((folder / MARKER).read_text())
+    assert "report.html" in marker["files"]
+    argv = COMMANDS[kind]
+    assert f"pulseinfer {argv[0]}" in marker["provenance"]["command_line"]
+    assert marker["provenance"]["version"] and marker["provenance"]["written_at"].endswith("Z")
+    assert '<section id="provenance">' in html and "not recorded</dd>" not in html.split("commit")[0]
+
+
+def test_simulate_verdict_names_the_policy_with_the_most_goodput(report_folders):
+    folder = report_folders["simulate"]
+    summary = pd.read_csv(folder / "summary.csv")
+    best = summary.loc[summary["goodput_requests_per_s"].idxmax()]
+    verdict = VERDICT.search(_html(folder)).group(1)
+    assert verdict.startswith(f"{best['policy']} serves the most goodput on one replica")
+    assert f"{best['goodput_requests_per_s']:.3g} req/s" in verdict
+    html = _html(folder)
+    assert "<h3>Service</h3>" in html and "tpot_cdf" in html  # the key table, and figures drawn from the tables
+
+
+def test_fleet_page_shows_replicas(report_folders):
+    html = _html(report_folders["fleet"])
+    assert "2 replicas behind round_robin" in VERDICT.search(html).group(1)
+    assert "<h3>Replicas</h3>" in html
+
+
+def test_validate_verdict_is_the_mean_error(report_folders):
+    folder = report_folders["validate"]
+    table = pd.read_csv(folder / "validation.csv")
+    verdict = VERDICT.search(_html(folder)).group(1)
+    assert verdict.startswith("The simulator is ")
+    expected = table["error_pct"].abs().mean()
+    assert f"{expected:.3g} % off on average" in verdict or f"{expected:,.0f} % off on average" in verdict
+
+
+def test_report_command_and_rerun(report_folders, tmp_path, capsys):
+    """`pulseinfer report` rewrites the page in place; a re-run of the command without --report removes the old
+    page (it is listed in the marker as pulseinfer's), and keeps a file of the user's."""
+    src = report_folders["cases"]
+    out = tmp_path / "cases"
+    assert main([*COMMANDS["cases"], "--out", str(out)]) == 0
+    assert not (out / "report.html").exists()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.html").is_file() and f"wrote {out / 'report.html'}" in capsys.readouterr().out
+    (out / "mine.txt").write_text("notes")
+    assert main([*COMMANDS["cases"], "--out", str(out)]) == 0
+    assert (out / "mine.txt").is_file()
+    assert (src / "report.html").is_file()
+
+
+def test_rerun_of_a_staged_command_replaces_its_page(report_folders, tmp_path):
+    out = tmp_path / "sim"
+    argv = [*COMMANDS["simulate"], "--summary-only", "--out", str(out)]
+    assert main([*argv, "--report"]) == 0 and (out / "report.html").is_file()
+    assert main(argv) == 0
+    assert not (out / "report.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: p / "none", "no such folder"),
+        (lambda p: (p / "plain").mkdir() or p / "plain", "not a results folder"),
+    ],
+)
+def test_report_refuses_what_is_not_a_results_folder(setup, message, tmp_path, capsys):
+    assert main(["report", str(setup(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_report_of_a_figure_folder_points_at_its_results_folder(report_folders, tmp_path, capsys):
+    figures = tmp_path / "figs"
+    assert main(["plot", str(report_folders["simulate"]), "--out", str(figures)]) == 0
+    assert main(["report", str(figures)]) == 2
+    assert "report the results folder it belongs to" in capsys.readouterr().err
+
+
+def _hand_made(folder: Path, command: str, tables: dict[str, pd.DataFrame]) -> Path:
+    folder.mkdir()
+    for name, table in tables.items():
+        table.to_csv(folder / name, index=False)
+    write_marker(folder, command, written_claims(folder), provenance={})
+    return folder
+
+
+def test_engine_validation_and_suite_fit_verdicts(tmp_path):
+    rows = pd.DataFrame(
+        {"policy": ["pulseinfer"] * 2, "metric": ["tpot_mean_ms", "throughput_tok_s"], "simulated": [11.0, 90.0],
+         "measured": [10.0, 100.0], "error_pct": [10.0, -10.0]}
+    )  # fmt: skip
+    page = build_page(_hand_made(tmp_path / "v", "validate", {"validation.csv": rows}))
+    assert page.verdict.startswith("The simulator is 10 % off on average (mean |error| over 2 metrics); TPOT 10 % off")
+    assert page.provenance.get("command_line") is None  # a folder that recorded none says so
+    report = pd.DataFrame(
+        {"set": ["fit", "check"], "group": ["per_token", "per_token"], "compared": [10, 5], "left_out": [0, 0],
+         "mape_pct": [12.0, 20.5], "mean_signed_pct": [-1.0, 3.0], "worst_case": ["a (tpot)", "b (tpot)"],
+         "worst_pct": [40.0, -55.0]}
+    )  # fmt: skip
+    page = build_page(_hand_made(tmp_path / "c", "calibrate serving", {"serving_report.csv": report}))
+    assert page.verdict.startswith("Per-token time 20.5 % MAPE (check) over 5 compared rows") and page.warn
