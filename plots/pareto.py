@@ -271,10 +271,10 @@ def _draw_slo(axes: list, line: float) -> None:
     bound) shaded."""
     lo, hi = axes[-1].get_xlim()
     if axes[-1].get_xscale() == "log":
-        lo, hi = min(lo, line / 1.1), max(hi, line * 1.1)
-    else:
+        lo, hi = min(lo, line / 1.1), max(hi, line * 1.1) * 1.05
+    else:  # a margin on both sides, so the rightmost points (the front's end) are not cut by the frame
         pad = 0.04 * (max(hi, line) - min(lo, line))
-        lo, hi = min(lo, line - pad), max(hi, line + pad)
+        lo, hi = min(lo, line - pad), max(hi, line + pad) + pad
     for ax in axes:
         ax.axvline(line, color="0.25", linestyle=(0, (4, 2)), linewidth=1.3, zorder=1.5)
         if line > lo:

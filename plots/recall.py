@@ -60,14 +60,17 @@ def recall_per_step(steps: pd.DataFrame) -> Figure:
     return fig
 
 
-def layer_recall_heatmap(layer_recall: pd.DataFrame, until_s: float | None = None, max_columns: int = 120) -> Figure:
+def layer_recall_heatmap(
+    layer_recall: pd.DataFrame, until_s: float | None = None, max_columns: int = 120, bin_s: float | None = None
+) -> Figure:
     """Layer x time heatmap of recalled GB per time bin, one panel per recalling policy.
 
     Every panel shares one colour scale (0 to the largest bin of any policy), so equal colours mean equal
     volumes across policies; each colour bar repeats it beside its panel. A panel is blank after the policy's
     last bin. The recorder spreads each step's bytes over the bins the step spans (sim/metrics/recorder.py).
     The table's bins are merged to at most ``max_columns``; ``until_s`` cuts the time axis, as in the
-    time-series figures.
+    time-series figures. ``bin_s``: the table's bin (the scenario's ``run.layer_bin_s``, s); without it, the
+    smallest gap between the table's bin starts (1 s when it has one bin).
     """
     require_columns(layer_recall, ["policy", "time_s", "layer", "recall_bytes"], "layer_recall.csv")
     totals = layer_recall.groupby("policy", sort=False)["recall_bytes"].sum()
@@ -75,7 +78,7 @@ def layer_recall_heatmap(layer_recall: pd.DataFrame, until_s: float | None = Non
     if not recalling:
         raise MissingData("layer_recall.csv has no recalled bytes")
     seen = np.sort(layer_recall["time_s"].unique())
-    table_bin_s = float(np.diff(seen).min()) if len(seen) > 1 else 1.0
+    table_bin_s = bin_s or (float(np.diff(seen).min()) if len(seen) > 1 else 1.0)
     last = seen[-1] + table_bin_s if not until_s else min(seen[-1] + table_bin_s, until_s)
     bin_s = table_bin_s * max(1, int(np.ceil(last / table_bin_s / max_columns)))
     edges = bin_s * np.arange(int(np.ceil(last / bin_s)) + 1)

@@ -54,8 +54,8 @@ FIGURES = [
     ),
     FigureSpec(
         "ttft_cdf", ("requests.csv",), lambda r, c: ttft_cdf(r, c["slo_ttft_s"]),
-        "Per-request TTFT distribution, one line per policy, with the TTFT SLO dotted: a long right tail means "
-        "requests queued for prefill or for a decode slot.",
+        "Per-request TTFT distribution, one line per policy, with the TTFT SLO dotted where one is set: a long "
+        "right tail means requests queued for prefill or for a decode slot.",
     ),
     FigureSpec(
         "throughput_over_time", ("steps.csv",), lambda s, c: throughput_over_time(s, until_s=c["until_s"]),
@@ -79,7 +79,9 @@ FIGURES = [
         "policy: HBM flat at the capacity means admission is memory-bound.",
     ),
     FigureSpec(
-        "layer_recall_heatmap", ("layer_recall.csv",), lambda t, c: layer_recall_heatmap(t, c["until_s"]),
+        "layer_recall_heatmap",
+        ("layer_recall.csv",),
+        lambda t, c: layer_recall_heatmap(t, c["until_s"], bin_s=c["layer_bin_s"]),
         "Recalled KV per layer and time bin, one panel per recalling policy: bright rows are the layers whose "
         "recall dominates, bright columns the busy periods.",
     ),
@@ -111,7 +113,7 @@ FIGURES = [
         "fleet_latency_cdf", ("requests.csv", "summary.csv"),
         lambda r, s, c: fleet_latency_cdf(r, s, c["slo_ttft_s"], c["slo_tpot_s"]),
         "TTFT and TPOT distributions over every request of a fleet, one line per policy labelled with its "
-        "replicas and router, SLOs dotted: compare the tails against the SLO lines.",
+        "replicas and router, the SLOs dotted where set: compare the tails against the SLO lines.",
     ),
     FigureSpec(
         "prefill_pool", ("requests.csv",), lambda r, c: prefill_pool(r, c["prefill"], c["num_prefill_gpus"]),
@@ -183,7 +185,7 @@ class _TableCache:
             else:
                 try:
                     table = read_table(self.folder, name)
-                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ImportError) as exc:
+                except (ValueError, UnicodeDecodeError, ImportError, OSError) as exc:  # ParserError, pyarrow's too
                     self._tables[name] = MissingData(f"cannot read {name}: {str(exc).splitlines()[0]}")
                 else:
                     problem = value_problem(name, table)  # no figure can draw an infinite or NaN time
@@ -211,7 +213,7 @@ def _scenario_context(scenario_yaml: Path) -> dict:
         if scenario_yaml.stat().st_size > MAX_SCENARIO_BYTES:  # not one pulseinfer wrote: no context lines
             return _scenario_context_of(None)
         scenario = yaml.safe_load(scenario_yaml.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         scenario = None
     return _scenario_context_of(scenario)
 
@@ -220,6 +222,7 @@ def _scenario_context_of(scenario: object) -> dict:
     slo, hardware, serving = _section(scenario, "slo"), _section(scenario, "hardware"), _section(scenario, "serving")
     tpot_ms, ttft_s, hbm_gib = slo.get("tpot_ms"), slo.get("ttft_s"), hardware.get("hbm_gib")
     prefill, prefill_gpus = serving.get("prefill"), serving.get("num_prefill_gpus")
+    bin_s = _section(scenario, "run").get("layer_bin_s")
     number = (int, float)
     return {
         "slo_tpot_s": tpot_ms * 1e-3 if isinstance(tpot_ms, number) else None,
@@ -227,6 +230,7 @@ def _scenario_context_of(scenario: object) -> dict:
         "hbm_gib": hbm_gib if isinstance(hbm_gib, number) else None,
         "prefill": prefill if isinstance(prefill, str) else None,  # colocated, disaggregated or none
         "num_prefill_gpus": prefill_gpus if isinstance(prefill_gpus, int) and prefill_gpus > 0 else None,
+        "layer_bin_s": float(bin_s) if isinstance(bin_s, number) and bin_s > 0 else None,  # layer_recall's bin
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from plots.style import MissingData, new_figure, require_columns
 
@@ -37,6 +38,7 @@ def search_trials(trials: pd.DataFrame, tpot_p99_bound_s: float | None = None) -
     if shown.any():
         ax_g.step(trial[shown], best[shown], where="post", color="black", linewidth=1.2, label="best feasible so far")
     ax_g.set(xlabel="trial", ylabel="goodput [req/s within the SLO]", title="Goodput per trial")
+    ax_g.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are numbered 0, 1, ...
     ax_g.grid(True, alpha=0.3)
     ax_g.legend(fontsize=8)
     tpot_ms = done["tpot_p99_s"].to_numpy(dtype=float) * 1e3

@@ -33,6 +33,7 @@ def titled(fig: Figure, title: str, subject: str = "", width_in: float | None = 
     """``title`` over the figure, and ``subject`` (newlines kept) wrapped under it to the figure's width."""
     width_in = width_in or float(fig.get_figwidth())
     chars = max(40, int(width_in * 11.5))  # ~12 characters an inch at 10 pt, with a margin
+    subject = subject.encode("utf-8", "replace").decode("utf-8")  # a file name that is not UTF-8: shown with "?"
     lines: list[str] = []
     for part in subject.splitlines():
         lines += textwrap.wrap(part, chars, break_on_hyphens=False) or [""]

@@ -119,13 +119,18 @@ def read_provenance(folder: Path) -> dict:
 def add_file(folder: Path, name: str) -> None:
     """List the file ``name`` (directly inside ``folder``) in ``folder``'s own marker, keeping what it records, so
     a re-run of the command replaces it (``pulseinfer report`` adds ``report.html``). Raises OSError if the marker
-    cannot be read or written; a marker without lists (an earlier version's) is left as it is."""
+    cannot be read or written. An earlier version's marker (plain text) is rewritten with lists: what its rule
+    claims now, and ``name``; a damaged one is left as it is."""
     path = folder / MARKER
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
-        return
-    if not isinstance(data, dict) or data.get("pulseinfer_results") != FORMAT:
+        data = None
+    if not isinstance(data, dict) or data.get("pulseinfer_results") != FORMAT:  # an earlier version's plain text
+        writer = read_writer(folder)
+        if writer:  # rewritten as a list: what the earlier rule claims now, and the new file
+            claims = _legacy_claims(folder) | Claims(files=frozenset({name}))
+            write_marker(folder, writer.removeprefix("pulseinfer").strip(), claims, provenance={})
         return
     files = [str(p) for p in data.get("files", [])]
     if name in files:

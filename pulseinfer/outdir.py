@@ -59,6 +59,9 @@ from pulseinfer.provenance import wrote
 
 __all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command"]
 FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
+REPORT_PAGE = (
+    "report.html"  # a results folder's report page (pulseinfer/page/), removed when a command re-runs in place
+)
 
 
 def check_writable(out: Path, command: str, flag: str = "--out") -> Claims:
@@ -254,7 +257,8 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
     """Create ``out`` (after :func:`check_writable`) as a results folder that ``command`` writes in place.
 
     Its marker lists ``files`` and ``trees`` (folders whose whole content the command writes) besides what it
-    listed before, so a later run that replaces ``out`` removes them and keeps everything else.
+    listed before, so a later run that replaces ``out`` removes them and keeps everything else. The previous run's
+    report page (``report.html``, when the marker lists it) is removed: it would describe other results.
 
     Raises:
         UsageError: see :func:`check_writable` (checked again here, in case the folder changed meanwhile).
@@ -266,7 +270,10 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
     _make_parents(out, "--out")
     out.mkdir(exist_ok=True)
     written = Claims(files=frozenset(files), trees=frozenset(trees))
-    write_marker(out, command, (read_claims(out) or Claims()) | written)
+    before = read_claims(out) or Claims()
+    if before.owns(REPORT_PAGE, folder=False) and (out / REPORT_PAGE).is_file():
+        (out / REPORT_PAGE).unlink()  # the report page of the previous run would describe other results
+    write_marker(out, command, before | written)
     wrote(out)
 
 

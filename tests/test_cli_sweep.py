@@ -37,6 +37,8 @@ def test_sweep_writes_table_comparison_and_heatmap_then_reuses_the_cache(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".sweep-")]  # the temp folder is gone
     assert main(argv) == 0
     assert "8 points (0 simulated, 8 from the cache)" in capsys.readouterr().out
+    assert main(argv[: argv.index("--compare")] + ["--out", str(tmp_path), "--no-progress"]) == 0  # no --compare
+    assert not (tmp_path / "compare.csv").exists() and not list(tmp_path.glob("compare_*.png"))  # not this run's
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ from pulseinfer.errors import UsageError
 from pulseinfer.outdir import results_folder
 from pulseinfer.progress import TaskBars
 
+EXPECTED_FLEET_SKIP = "not in"  # plots/render.py's note for a table the folder lacks (a fleet's per-step tables)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -96,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
         if formats:
             from plots.render import plot_results
 
-            figures = plot_results(stage, stage / "plots", formats, dpi=args.dpi)
+            def note(line: str) -> None:  # a figure skipped: said of OUT, not of its staging folder
+                if not (fleet and EXPECTED_FLEET_SKIP in line):  # a fleet keeps no per-step tables, by design
+                    print(line.replace(str(stage), str(out)))
+
+            figures = plot_results(stage, stage / "plots", formats, dpi=args.dpi, note=note)
     n = len(result.workload)
     noun = "request" if n == 1 else "requests"
     serving = scenario.serving

@@ -138,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
             outputs["compare.csv"] = lambda path: cells.to_csv(path, index=False)
             outputs[f"compare_{metric}.png"] = lambda path: _heatmap(cells, cfg.keys, a, b, metric, path)
     files = write_whole(args.out, outputs)
-    if skipped:  # an earlier run's figure would be read as this one's
-        (args.out / "pareto.png").unlink(missing_ok=True)
+    _remove_stale(args.out, set(outputs))
     print(
         f"\nsweep: {total} points ({result.num_simulated} simulated, {result.num_cached} from the cache), "
         f"backend {args.backend}, {args.jobs} job(s), {wall_s:.1f} s wall"
@@ -241,6 +240,18 @@ def _config(args: argparse.Namespace):
     if metric not in [*METRIC_COLUMNS, *OUTPUTS]:
         raise SweepError(f"{args.metric!r}: expected one of {', '.join(METRIC_ALIASES)} or a summary column", "metric")
     return cfg, (a, b, metric)
+
+
+def _remove_stale(out: Path, written: set[str]) -> None:
+    """Remove the figures and comparison of an earlier run in ``out`` that this run did not write (no --compare now,
+    another --metric, a Pareto figure that could not be drawn): each would be read as this run's. Only files the
+    folder's marker lists as pulseinfer's are removed."""
+    from pulseinfer.marker import read_claims
+
+    claims = read_claims(out)
+    for path in [out / "compare.csv", out / "pareto.png", *out.glob("compare_*.png")]:
+        if path.name not in written and claims is not None and claims.owns(path.name, folder=False) and path.is_file():
+            path.unlink()
 
 
 def _warn(message: str) -> None:

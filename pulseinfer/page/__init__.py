@@ -18,11 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pulseinfer.errors import UsageError
-from pulseinfer.marker import add_file, read_provenance, read_writer
+from pulseinfer.marker import add_file, read_claims, read_provenance, read_writer
 from pulseinfer.page.folder import Folder
 from pulseinfer.page.html import Page, render
 
 REPORT = "report.html"
+# What a page builder raises on a table that is not what its command writes (a column missing or renamed, text in a
+# numeric column, all values blank): the folder's fault, said in one line, not a bug of the report.
+DAMAGED = (KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError)
 
 
 def _kinds() -> dict[str, Callable[[Folder], Page]]:
@@ -68,7 +71,13 @@ def build_page(path: Path) -> Page:
             f"{path}: written by {what}, which has no report page; report the results folder it belongs to"
         )
     folder = Folder(path)
-    page = kinds[command](folder)
+    try:
+        page = kinds[command](folder)
+    except DAMAGED as exc:  # a table edited or cut short: its columns or values are not what the command writes
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        raise UsageError(
+            f"{path}: its tables are not what `{writer}` writes (edited or damaged? {detail}); re-run the command"
+        ) from None
     page.figures = collect_figures(folder, draw=command == "simulate")
     page.notes += folder.notes
     for name in ("scenario.yaml",):
@@ -86,12 +95,39 @@ def build_page(path: Path) -> Page:
 
 def write_report(path: Path) -> Path:
     """Write ``path/report.html`` (to a temporary file, then renamed into place) and list it in the folder's marker;
-    return its path. Raises UsageError (see :func:`build_page`) or OSError (the folder cannot be written)."""
+    return its path.
+
+    Raises:
+        UsageError: see :func:`build_page`; also an empty path, a ``report.html`` there that pulseinfer did not
+            write (a file of yours is never replaced) or that is not a file, a folder that cannot be written.
+        OSError: the page cannot be written (named ``path/report.html``; no temporary file is left).
+    """
+    if not str(path).strip():
+        raise UsageError("RESULTS_DIR '': an empty path; give a results folder (--out of a pulseinfer command)")
     path = Path(path)
-    text = render(build_page(path))
     out = path / REPORT
+    _check_target(path, out)
+    text = render(build_page(path))
     tmp = path / f".{REPORT}.{os.getpid()}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    try:
+        tmp.write_bytes(text.encode("utf-8", "replace"))
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     add_file(path, REPORT)
     return out
+
+
+def _check_target(path: Path, out: Path) -> None:
+    """UsageError unless ``out`` (``path/report.html``) may be written: absent, or a file the folder's marker lists
+    (an earlier page), in a folder this process may write."""
+    if path.is_dir() and os.path.lexists(out):
+        claims = read_claims(path)
+        if out.is_symlink() or not out.is_file():
+            raise UsageError(f"{out}: is not a file; move it away to write the report page")
+        if claims is None or not claims.owns(REPORT, folder=False):
+            raise UsageError(f"{out}: not written by pulseinfer (the folder's marker does not list it); move it or "
+                             "rename it to write the report page")  # fmt: skip
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{path}: cannot be written (permissions); the report page goes inside the results folder")

@@ -72,10 +72,11 @@ def validate_page(folder: Folder) -> Page:
         Table("Simulated against measured", error_table(table, keys), "error % = simulated / measured − 1", keys)
     )
     err = mean_abs(table)
+    compared = int(table["error_pct"].map(number).notna().sum())  # metrics that have an error (not n/a)
     tpot = table[table["metric"].astype(str).str.startswith("tpot")]
     head = f"TPOT {fmt(mean_abs(tpot))} % off" if len(tpot) else ""
     page.verdict = (
-        f"The simulator is {fmt(err)} % off on average (mean |error| over {len(table)} metrics)"
+        f"The simulator is {fmt(err)} % off on average (mean |error| over {compared} metrics)"
         + (f"; {head}" if head else "")
         + (
             f" — above the {fmt(TARGET_PCT)} % target: calibrate a profile (pulseinfer calibrate)"
@@ -101,10 +102,18 @@ def calibrate_page(folder: Folder) -> Page:
         meta = profile.get("metadata") if isinstance(profile.get("metadata"), dict) else {}
         said = meta.get("verdict") if isinstance(meta.get("verdict"), str) else ""
         verdict = ""
-        if fit is not None and {"run", "error_pct"} <= set(fit.columns):
-            held = fit[fit["run"].astype(str).str.startswith("held")]
-            scored, side = (held, "Held-out") if len(held) else (fit, "Fit")
-            verdict = f"{side} error {fmt(mean_abs(scored))} % (mean |error|)"
+        held_pct, card_pct = number(meta.get("held_out_error_pct")), number(meta.get("card_held_out_error_pct"))
+        if held_pct == held_pct:  # as the console says it: mean |error| over the fit's metrics (FIT_METRICS)
+            verdict = f"Held-out error {fmt(held_pct)} % with the profile" + (
+                f", {fmt(card_pct)} % with the card" if card_pct == card_pct else ""
+            )
+        if fit is not None and {"run", "metric", "error_pct"} <= set(fit.columns):
+            if not verdict:
+                from calibrate.measured_fit import FIT_METRICS
+
+                held = fit[fit["run"].astype(str).str.startswith("held") & fit["metric"].isin(FIT_METRICS)]
+                held_pct = mean_abs(held) if len(held) else float("nan")
+                verdict = f"Held-out error {fmt(held_pct)} % (mean |error| over {', '.join(FIT_METRICS)})"
             fit = fit.assign(run=[_short_run(r) for r in fit["run"]])
             page.tables.append(Table("Fit and held-out errors", error_table(fit, ("run",)), "", ("run", "metric")))
         if said:
@@ -121,7 +130,7 @@ def calibrate_page(folder: Folder) -> Page:
         page.verdict = (
             (verdict + ".") if verdict else "No verdict recorded (profile.yaml and fit_validation.csv are missing)."
         )
-        page.warn = "keep the card" in page.verdict or not profile
+        page.warn = "keep the card" in page.verdict or not profile or number(held_pct) > TARGET_PCT
         if not profile:
             page.notes.append("no profile.yaml: the fit was not written (its held-out error was above the bound)")
     elif folder.has("serving_report.csv"):
@@ -198,6 +207,9 @@ def cases_page(folder: Folder) -> Page:
         lines.append(f"Published I/O figures: {within} of {len(cases)} within their tolerance.")
         page.warn = page.warn or within < len(cases)
         shown = cases.drop(columns=[c for c in ("note",) if c in cases]).astype(str)
+        for col in ("simulated", "error_pct", "tolerance_pct"):
+            if col in cases:
+                shown[col] = [fmt(v) for v in cases[col]]
         page.tables.insert(0, Table("Published figures", shown, "", ("case", "source", "metric", "verdict")))
         page.notes += [
             f"{r.case}: {r.note}" for r in cases.itertuples() if isinstance(getattr(r, "note", None), str) and r.note

@@ -9,9 +9,10 @@ import tempfile
 from pathlib import Path
 
 from pulseinfer.page.folder import Folder
-from pulseinfer.page.html import Figure
+from pulseinfer.page.html import Figure, png_size
 
 MAX_FIGURE_BYTES = 8 << 20  # a PNG larger than this is not embedded (a note says so): a page should stay sendable
+MAX_FIGURE_PIXELS = 100_000_000  # as plots/render.py draws at most; a PNG claiming more is not one pulseinfer wrote
 REPORT_DPI = 90  # figures the report draws itself: sharp on a screen, ~40-120 KB each
 
 # Figures the commands write (file stem, or a stem's prefix ending in "_") → caption. The figures `pulseinfer
@@ -68,12 +69,17 @@ def collect_figures(folder: Folder, draw: bool) -> list[Figure]:
     if draw and not any(p.parent.name == "plots" for p in files):
         figures += _draw(folder, drawn_captions)
     for path in files:
+        rel = path.relative_to(folder.path).as_posix()
         size = path.stat().st_size
         if size > MAX_FIGURE_BYTES:
-            folder.notes.append(f"{path.relative_to(folder.path)}: {size / 2**20:.0f} MiB, too large to embed")
+            folder.notes.append(f"{rel}: {size / 2**20:.0f} MiB, too large to embed")
             continue
-        rel = path.relative_to(folder.path).as_posix()
-        figures.append(Figure(path.stem, path.read_bytes(), caption_for(path.stem, drawn_captions), rel))
+        png = path.read_bytes()
+        width, height = png_size(png)
+        if not (0 < width * height <= MAX_FIGURE_PIXELS and _whole_png(png)):
+            folder.notes.append(f"{rel}: not a whole PNG a browser shows ({width} x {height} pixels); left out")
+            continue
+        figures.append(Figure(path.stem, png, caption_for(path.stem, drawn_captions), rel))
     return figures
 
 
@@ -85,7 +91,7 @@ def _draw(folder: Folder, captions: dict[str, str]) -> list[Figure]:
         skipped: list[str] = []
         try:
             written = plot_results(folder.path, Path(tmp), ("png",), dpi=REPORT_DPI, note=skipped.append)
-        except FileNotFoundError:
+        except FileNotFoundError:  # none of the tables the figures read
             return []
         folder.notes += [line for line in skipped if not _expected_skip(line)]
         return [
@@ -103,3 +109,17 @@ def _expected_skip(line: str) -> bool:
     """A skipped figure a folder of its kind never has (a fleet's per-step figures, a single replica's fleet
     figures, ablation bars of fewer than three policies): not worth a note on the page."""
     return any(word in line for word in ("not in", "policies; ablation", "fleet", "replica"))
+
+
+def _whole_png(png: bytes) -> bool:
+    """Whether ``png`` decodes as a PNG to its end (Pillow, matplotlib's own image library: chunks and checksums)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(png)) as image:
+            image.verify()
+    except Exception:  # noqa: BLE001 - Pillow raises many kinds for a broken file; each means "not a PNG"
+        return False
+    return True

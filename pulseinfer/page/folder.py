@@ -61,18 +61,28 @@ class Folder:
         text = self.text(name)
         try:
             data = yaml.safe_load(text) if text else None
-        except yaml.YAMLError:
-            self.notes.append(f"{name}: not valid YAML")
+        except (yaml.YAMLError, RecursionError):
+            self.notes.append(f"{name}: not valid YAML (or nested too deep)")
             return {}
+        if text and not isinstance(data, dict):
+            self.notes.append(f"{name}: not a mapping of keys")
         return data if isinstance(data, dict) else {}
 
     def figure_files(self) -> list[Path]:
-        """The PNG files at the folder's top and in its ``plots/`` folder, in name order."""
+        """The PNG files pulseinfer wrote (the folder's marker, and ``plots/``'s, list them) at the folder's top and
+        in its ``plots/`` folder, in name order; symbolic links and files of yours are left out."""
+        from pulseinfer.marker import Claims, claims_of, read_claims
+
+        claims = claims_of(self.path) or Claims()
         found = []
         for sub in FIGURE_FOLDERS:
             folder = self.path / sub if sub else self.path
-            if folder.is_dir() and not folder.is_symlink():
-                found += sorted(p for p in folder.glob("*.png") if p.is_file())
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            owned = claims.below(sub) | (read_claims(folder) or Claims()) if sub else claims
+            for path in sorted(folder.glob("*.png")):
+                if path.is_file() and not path.is_symlink() and owned.owns(path.name, folder=False):
+                    found.append(path)
         return found
 
 

@@ -78,8 +78,8 @@ class Page:
 
 
 def esc(text: object) -> str:
-    """``text`` as HTML text (``&``, ``<``, ``>`` and quotes escaped)."""
-    return html.escape(str(text), quote=True)
+    """``text`` as HTML text (``&``, ``<``, ``>`` and quotes escaped; a path that is not UTF-8 shown with "?")."""
+    return html.escape(str(text).encode("utf-8", "replace").decode("utf-8"), quote=True)
 
 
 def table_html(table: Table) -> str:

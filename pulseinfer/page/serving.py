@@ -66,14 +66,22 @@ def simulate_page(folder: Folder) -> Page:
     return page
 
 
+TIE_REL = 1e-6  # goodputs this close (relative) are a tie: the verdict names every policy that has it
+
+
 def _simulate_verdict(summary: pd.DataFrame, slo: dict, shape: str) -> tuple[str, bool]:
-    goodput = summary["goodput_requests_per_s"].map(number)
-    best = summary.loc[goodput.fillna(-1).idxmax()]
+    goodput = summary["goodput_requests_per_s"].map(number).fillna(-1.0)
+    top = float(goodput.max())
+    if top <= 0:
+        return f"No policy has goodput on {shape}: no request met the SLO ({slo_text(slo)}).", True
+    tied = summary.loc[goodput >= top * (1 - TIE_REL), "policy"].tolist()
+    best = summary.loc[goodput.idxmax()]
+    who = f"{best['policy']} serves" if len(tied) == 1 else f"{' and '.join(tied)} tie, serving"
     line = (
-        f"{best['policy']} serves the most goodput on {shape}: {fmt(best['goodput_requests_per_s'])} req/s within "
+        f"{who} the most goodput on {shape}: {fmt(best['goodput_requests_per_s'])} req/s within "
         f"the SLO, {fmt(best['decode_tokens_per_s'])} decode tok/s, TPOT p99 {fmt(number(best['tpot_p99_s']) * 1e3)} ms"
     )
-    if "sglang" in set(summary["policy"]) and best["policy"] != "sglang":
+    if "sglang" in set(summary["policy"]) and "sglang" not in tied:
         base = summary.loc[summary["policy"] == "sglang"].iloc[0]
         ratio = number(best["decode_tokens_per_s"]) / number(base["decode_tokens_per_s"])
         line += f" ({ratio:.2f}x sglang's decode tok/s)"
@@ -120,7 +128,9 @@ def plan_page(folder: Folder) -> Page:
             return page
         priced = ok[ok["usd_per_hour"].map(number).notna()]
         if len(priced):
-            best = priced.loc[priced["usd_per_hour"].map(number).idxmin()]
+            from study.plan import cheapest_fleets
+
+            best = cheapest_fleets(table).iloc[0]  # the console's "cheapest fleet" table, same order and tie-break
             cost = (
                 f", {fmt(best['gpus_billed'])} GPUs billed, ${fmt(best['usd_per_hour'])}/h, "
                 f"${fmt(best['usd_per_million_output_tokens'])} per M output tokens"
@@ -169,21 +179,50 @@ def sweep_page(folder: Folder) -> Page:
         if col in mean:
             shown[header] = [fmt(number(v) * scale) for v in mean[col]]
     page.tables.append(Table("Grid (mean over seeds)", shown, f"{len(table)} rows in sweep.csv", tuple(group)))
-    pool = mean[mean["slo_met"] > 0] if "slo_met" in mean else mean
-    metric = "goodput_requests_per_s" if "goodput_requests_per_s" in mean else metrics[0] if metrics else None
-    if pool.empty or metric is None:
-        page.verdict, page.warn = "No grid point met the SLO.", True
-    else:
-        best = pool.loc[pool[metric].map(number).idxmax()]
-        where = ", ".join(f"{k}={best[k]}" for k in keys)
-        page.verdict = (
-            f"Most goodput: {best['policy']} at {where or 'every point'}: {fmt(best[metric])} req/s within the SLO."
-        )
+    metric = "goodput_requests_per_s" if "goodput_requests_per_s" in mean else None
+    page.verdict, page.warn = _sweep_verdict(mean, keys, metric)
     compare = folder.table("compare.csv")
     if compare is not None and "ratio" in compare and len(compare):
         ratio = compare["ratio"].map(number)
         page.verdict += f" A/B ratio over the grid: {fmt(ratio.min())} to {fmt(ratio.max())}."
     return page
+
+
+LOAD_SUFFIXES = ("rate_per_s", "max_concurrency", "time_scale")  # grid keys that set the offered load
+
+
+def _sweep_verdict(mean: pd.DataFrame, keys: list[str], metric: str | None) -> tuple[str, bool]:
+    """The sweep's answer: at the highest offered load of the grid (a key in :data:`LOAD_SUFFIXES`; goodput grows
+    with load, so ranking across loads only finds the highest), the policy and settings with the most goodput among
+    the points that met the SLO; each setting named only for the policy it applies to (``policy.P.*``)."""
+    if metric is None:
+        return "sweep.csv has no goodput column: no grid point to rank.", True
+    loads = [k for k in keys if k.endswith(LOAD_SUFFIXES)]
+    where = ""
+    if loads:
+        top = mean[loads[0]].max()
+        mean, where = mean[mean[loads[0]] == top], f" at the highest load ({loads[0]}={top})"
+    pool = mean[mean["slo_met"] > 0] if "slo_met" in mean else mean
+    values = pool[metric].map(number)
+    if pool.empty or values.isna().all():
+        return f"No grid point met the SLO{where}.", True
+
+    def settings(row: pd.Series) -> str:  # the grid values that apply to the row's policy
+        def applies(key: str) -> bool:
+            parts = key.split(".")
+            return key not in loads and not (parts[0] == "policy" and len(parts) > 2 and parts[1] != row["policy"])
+
+        return ", ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys if applies(k))
+
+    best = pool.loc[values.idxmax()]
+    tied = {(r["policy"], settings(r)) for _, r in pool[values >= values.max() * (1 - TIE_REL)].iterrows()}
+    named = settings(best)
+    line = f"Most goodput{where}: {best['policy']}{' with ' + named if named else ''}, {fmt(best[metric])} req/s"
+    if len(tied) > 1:
+        line += f"; {len(tied) - 1} other setting(s) tie: " + "; ".join(
+            f"{policy}{' with ' + named if named else ''}" for policy, named in sorted(tied - {(best["policy"], named)})
+        )
+    return line + ".", False
 
 
 def search_page(folder: Folder) -> Page:

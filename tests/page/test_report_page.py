@@ -139,3 +139,99 @@ def test_engine_validation_and_suite_fit_verdicts(tmp_path):
     )  # fmt: skip
     page = build_page(_hand_made(tmp_path / "c", "calibrate serving", {"serving_report.csv": report}))
     assert page.verdict.startswith("Per-token time 20.5 % MAPE (check) over 5 compared rows") and page.warn
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    (dst / "report.html").unlink(missing_ok=True)
+    marker = json.loads((dst / MARKER).read_text())
+    marker["files"] = [f for f in marker["files"] if f != "report.html"]  # as the command left it, before --report
+    (dst / MARKER).write_text(json.dumps(marker))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("table", "text"),
+    [
+        ("summary.csv", "foo,bar\n1,2\n"),  # other columns
+        ("summary.csv", None),  # cut off mid-row
+        ("plan.csv", "hardware,policy\nh200,sglang\n"),
+    ],
+)
+def test_a_damaged_table_is_one_line_not_a_traceback(table, text, report_folders, tmp_path, capsys):
+    kind = "plan" if table == "plan.csv" else "simulate"
+    folder = _copy(report_folders[kind], tmp_path / kind)
+    path = folder / table
+    whole = path.read_text()
+    path.write_text(text if text is not None else whole[: len(whole.splitlines()[0]) + 40])  # cut inside a row
+    status = main(["report", str(folder)])
+    err = capsys.readouterr().err.strip()
+    if text is None and status == 0:  # a row cut short reads as blanks: a page that says n/a is fine too
+        assert not err
+        return
+    assert status == 2
+    assert err.startswith(f"error: {folder}: its tables are not what") and len(err.splitlines()) == 1
+    assert not (folder / "report.html").exists() and not list(folder.glob(".report.html*"))
+
+
+def test_a_report_html_of_yours_is_never_replaced(report_folders, tmp_path, capsys):
+    folder = _copy(report_folders["cases"], tmp_path / "c")
+    (folder / "report.html").write_text("my notes")
+    assert main(["report", str(folder)]) == 2
+    assert "not written by pulseinfer" in capsys.readouterr().err
+    assert (folder / "report.html").read_text() == "my notes"
+    (folder / "report.html").unlink()
+    (folder / "report.html").mkdir()
+    assert main(["report", str(folder)]) == 2
+    assert "is not a file" in capsys.readouterr().err and not list(folder.glob(".report.html*"))
+
+
+def test_only_whole_figures_pulseinfer_wrote_are_embedded(report_folders, tmp_path):
+    folder = _copy(report_folders["sweep"], tmp_path / "s")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("a password")
+    (folder / "leak.png").symlink_to(secret)
+    (folder / "mine.png").write_bytes((folder / "pareto.png").read_bytes())  # a file of yours: not in the marker
+    json_marker = json.loads((folder / MARKER).read_text())
+    json_marker["files"].append("broken.png")  # listed, but not a whole PNG
+    (folder / MARKER).write_text(json.dumps(json_marker))
+    (folder / "broken.png").write_bytes((folder / "pareto.png").read_bytes()[:2000])
+    page = build_page(folder)
+    names = {f.name for f in page.figures}
+    assert "pareto" in names and not names & {"leak", "mine", "broken"}
+    assert any(n.startswith("broken.png: not a whole PNG") for n in page.notes)
+
+
+def test_a_rerun_in_place_removes_the_old_page_and_a_legacy_marker_is_upgraded(report_folders, tmp_path):
+    out = tmp_path / "cases"
+    assert main([*COMMANDS["cases"], "--out", str(out), "--report"]) == 0 and (out / "report.html").is_file()
+    assert main([*COMMANDS["cases"], "--out", str(out)]) == 0  # cases writes in place
+    assert not (out / "report.html").exists()
+    legacy = _copy(report_folders["simulate"], tmp_path / "legacy")
+    (legacy / MARKER).write_text("written by pulseinfer simulate; do not edit\n")
+    assert main(["report", str(legacy)]) == 0
+    assert main(["report", str(legacy)]) == 0  # its own page, listed now: replaced, not refused
+    assert "report.html" in json.loads((legacy / MARKER).read_text())["files"]
+
+
+def test_ties_and_no_goodput_are_said(report_folders, tmp_path):
+    folder = _copy(report_folders["simulate"], tmp_path / "t")
+    summary = pd.read_csv(folder / "summary.csv")
+    summary["goodput_requests_per_s"] = 2.5
+    summary.to_csv(folder / "summary.csv", index=False)
+    assert " tie, serving the most goodput" in build_page(folder).verdict
+    summary["goodput_requests_per_s"] = 0.0
+    summary.to_csv(folder / "summary.csv", index=False)
+    page = build_page(folder)
+    assert page.verdict.startswith("No policy has goodput") and page.warn
+
+
+def test_a_folder_name_that_is_not_utf8_is_shown_not_a_traceback(report_folders, tmp_path):
+    import os
+
+    name = os.fsdecode(b"r\xe9sults")
+    folder = _copy(report_folders["cases"], tmp_path / name)
+    assert main(["report", str(folder)]) == 0
+    assert "r?sults" in (folder / "report.html").read_text(encoding="utf-8")

@@ -65,6 +65,14 @@ def test_a_long_subject_is_wrapped_under_the_title():
     assert len(lines) <= 4 and max(map(len, lines)) < 180 and "engine e" in title
 
 
+def test_a_file_name_that_is_not_utf8_is_drawn(tmp_path):
+    import os
+
+    fig = measured_cdfs(_per_request(), f"{os.fsdecode(b'caf' + bytes([0xE9]) + b'.json')} vs its replay")
+    fig.savefig(tmp_path / "x.png")  # matplotlib cannot draw a lone surrogate: shown as "?"
+    assert "caf?.json" in fig.get_suptitle()
+
+
 def test_the_scatter_matches_requests_and_gives_the_median_error():
     fig = measured_scatter(_per_request(), SUBJECT)
     axes = fig.get_axes()
