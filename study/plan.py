@@ -40,12 +40,12 @@ PLAN_COLUMNS = [
     "target_rate_per_s", "router", "replicas_for_target", "meets_slo", "cluster_tpot_p99_s",
     "cluster_ttft_p99_s", "cluster_decode_tokens_per_s", "num_simulations", "gpu_hour_usd",
     "usd_per_million_output_tokens", "delivered_frac", "note", "tp_size", "gpus_for_target", "gpus_billed",
-    "usd_per_hour",
+    "usd_per_hour", "slo",
 ]  # fmt: skip
 # The bill (sim/metrics/bill.py, as simulate's): ``gpus_billed`` = the replicas' decode GPUs plus, with disaggregated
 # prefill, each replica's prefill pool (one replica without --target-rate, else the fleet for the target);
 # ``usd_per_hour`` = gpus_billed × gpu_hour_usd; ``usd_per_million_output_tokens`` = that over the decode tokens.
-# ``gpus_for_target`` counts decode GPUs only (replicas × tp_size).
+# ``gpus_for_target`` counts decode GPUs only (replicas × tp_size). ``slo``: the SLO planned for (--slo's form).
 
 POINT_COLUMNS = [
     "hardware", "policy", "tp_size", "engine", "rate_per_s", "decode_tokens_per_s", "tpot_mean_s", "tpot_p50_s",
@@ -309,6 +309,7 @@ def _cell_rows(cell: CellPlanner, serving, price: float | None) -> list[dict]:
         "gpu_hour_usd": price,
         "delivered_frac": at_max.get("delivered_frac", math.nan),
         "tp_size": tp,
+        "slo": cfg.slo.describe(),  # the tail SLO planned for, as --slo takes it (tpot_p99_ms=50,ttft_p99_s=10)
     }
     single_note = sample_note(cell, found)
     if cfg.target_rate_per_s is None:

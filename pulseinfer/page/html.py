@@ -103,6 +103,7 @@ def table_html(table: Table) -> str:
 
 
 WIDE_ASPECT = 1.9  # a figure wider than this (width / height) takes the page's whole width
+WIDE_PIXELS = 1000  # so does one drawn this wide (a big multi-panel figure would be unreadable at half width)
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -118,7 +119,7 @@ def figure_html(figure: Figure) -> str:
     data = base64.b64encode(figure.png).decode("ascii")
     source = f" <i>({esc(figure.source)})</i>" if figure.source else ""
     width, height = png_size(figure.png)
-    wide = ' class="wide"' if height and width / height > WIDE_ASPECT else ""
+    wide = ' class="wide"' if height and (width / height > WIDE_ASPECT or width >= WIDE_PIXELS) else ""
     return (
         f'<figure id="fig-{esc(figure.name)}"{wide}><img src="data:image/png;base64,{data}" alt="{esc(figure.name)}">'
         f"<figcaption><b>{esc(figure.name)}</b> — {esc(figure.caption)}{source}</figcaption></figure>"

@@ -119,10 +119,12 @@ def plan_page(folder: Folder) -> Page:
     ]
     ok = table[table["meets_slo"].astype(str).str.lower() == "true"]
     target = number(table["target_rate_per_s"].iloc[0])
+    slo = f" under {table['slo'].iloc[0]}" if "slo" in table and isinstance(table["slo"].iloc[0], str) else ""
+    page.subtitle += f"; SLO {table['slo'].iloc[0]}" if slo else ""
     if target == target:
         if ok.empty:
             page.verdict, page.warn = (
-                f"No card and policy meets the SLO at {fmt(target)} req/s within the replica cap.",
+                f"No card and policy meets the SLO{slo} at {fmt(target)} req/s within the replica cap.",
                 True,
             )
             return page
@@ -140,18 +142,18 @@ def plan_page(folder: Folder) -> Page:
             best = ok.loc[ok["gpus_for_target"].map(number).idxmin()]
             cost, how = f", {fmt(best['gpus_for_target'])} decode GPUs", "fewest GPUs"
         page.verdict = (
-            f"For {fmt(target)} req/s, {how}: {best['policy']} on {best['hardware']}, "
+            f"For {fmt(target)} req/s{slo}, {how}: {best['policy']} on {best['hardware']}, "
             f"{fmt(best['replicas_for_target'])} "
             f"replica(s) of TP{fmt(best['tp_size'])} behind {best['router']}{cost} "
             f"(one replica sustains {fmt(best['max_rate_per_s'])} req/s)."
         )
     else:
         if ok.empty:
-            page.verdict, page.warn = "No card and policy meets the SLO even at the lowest rate tried.", True
+            page.verdict, page.warn = f"No card and policy meets the SLO{slo} even at the lowest rate tried.", True
             return page
         best = ok.loc[ok["max_rate_per_s"].map(number).idxmax()]
         page.verdict = (
-            f"Highest rate one replica sustains under the SLO: {best['policy']} on {best['hardware']}, "
+            f"Highest rate one replica sustains{slo or ' under the SLO'}: {best['policy']} on {best['hardware']}, "
             f"{fmt(best['max_rate_per_s'])} req/s ({fmt(best['decode_tokens_per_s'])} decode tok/s)."
         )
     return page
