@@ -65,7 +65,8 @@ def collect_figures(folder: Folder, draw: bool) -> list[Figure]:
     oversized files become notes in ``folder.notes``."""
     drawn_captions = plot_captions()
     figures: list[Figure] = []
-    files = folder.figure_files()
+    order = {name: i for i, name in enumerate(drawn_captions)}  # pulseinfer plot's order: latency first
+    files = sorted(folder.figure_files(), key=lambda p: (p.parent != folder.path, order.get(p.stem, len(order))))
     if draw and not any(p.parent.name == "plots" for p in files):
         figures += _draw(folder, drawn_captions)
     for path in files:
