@@ -166,7 +166,7 @@ def _rejected(requests: pd.DataFrame) -> np.ndarray:
     stuck); finished requests have none (NaN in CSV, an empty string in Parquet)."""
     if "unfinished_reason" not in requests:
         return np.zeros(len(requests), dtype=bool)
-    reason = requests["unfinished_reason"].fillna("").astype(str)
+    reason = requests["unfinished_reason"].astype(object).fillna("").astype(str)  # all-NaN reads as float64
     return ((reason != "") & ~reason.isin(INCOMPLETE_REASONS)).to_numpy()
 
 
