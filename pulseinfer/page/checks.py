@@ -143,7 +143,7 @@ def calibrate_page(folder: Folder) -> Page:
         hardware = profile.get("hardware", {}) if isinstance(profile.get("hardware"), dict) else {}
         page.verdict = (
             f"Profile of {meta.get('device_name', 'this device')}: {fmt(compute.get('layer_per_token_ns'))} ns per "
-            f"layer and token, recall link {fmt(hardware.get('pcie_h2d_gbps'))} GB/s; use it with "
+            f"layer and token, host-to-device copies {fmt(hardware.get('h2d_bandwidth_gbps'))} GB/s; use it with "
             f"--set profile={folder.path}/profile.yaml."
         )
         for name in ("copy.csv", "recall.csv", "compute.csv"):

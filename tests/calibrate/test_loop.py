@@ -125,3 +125,18 @@ def test_calibrate_selection_takes_the_parent_out_and_refuses_hardware_flags(tmp
     assert "--model: options of the hardware calibration" in capsys.readouterr().err
     assert main(["calibrate", "selection", "--context", "100", "--out", str(tmp_path)]) == 2
     assert "--context 100: must be >= 1120" in capsys.readouterr().err
+
+
+def test_a_calibration_folder_has_a_report_page(calibrated, tmp_path):
+    """The engine calibration's page (pulseinfer/page/checks.py): the verdict gives the profile's measured figures."""
+    import shutil
+
+    from pulseinfer.marker import write_marker, written_claims
+    from pulseinfer.page import build_page
+
+    out = tmp_path / "cal"
+    shutil.copytree(calibrated[0], out)
+    write_marker(out, "calibrate", written_claims(out), provenance={})
+    page = build_page(out)
+    assert page.verdict.startswith("Profile of ") and "n/a" not in page.verdict, page.verdict
+    assert "ns per layer and token" in page.verdict and any(name == "profile.yaml" for name, _ in page.texts)
