@@ -266,12 +266,12 @@ def engine_bench_page(folder: Folder) -> Page:
     plain = table.loc[table["mode"] == "plain_copy", "gbps"]
     if not {"per_fragment", "gather_scatter"} <= set(wide.columns) or wide.empty:
         return page
-    ends = [wide.index.min(), wide.index.max()]
-    parts = [
-        f"{fmt(wide.loc[b, 'gather_scatter'] / wide.loc[b, 'per_fragment'])}x at {fmt(b / 1024)} KiB fragments"
-        for b in dict.fromkeys(ends)
-    ]
-    page.verdict = f"gather_scatter recalls {' and '.join(parts)} the GB/s of one copy per fragment"
+    ends = list(dict.fromkeys([wide.index.min(), wide.index.max()]))
+    ratios = [f"{fmt(wide.loc[b, 'gather_scatter'] / wide.loc[b, 'per_fragment'])}x" for b in ends]
+    sizes = [f"{fmt(b / 1024)} KiB" for b in ends]
+    page.verdict = f"gather_scatter moves {ratios[0]} the GB/s of one copy per fragment at {sizes[0]} fragments" + (
+        f" and {ratios[1]} at {sizes[1]}" if len(ends) > 1 else ""
+    )
     if len(plain):
         page.verdict += f"; a plain copy reaches {fmt(plain.iloc[0])} GB/s"
     page.verdict += "."

@@ -235,3 +235,27 @@ def test_a_folder_name_that_is_not_utf8_is_shown_not_a_traceback(report_folders,
     folder = _copy(report_folders["cases"], tmp_path / name)
     assert main(["report", str(folder)]) == 0
     assert "r?sults" in (folder / "report.html").read_text(encoding="utf-8")
+
+
+def test_accuracy_and_engine_bench_verdicts(tmp_path):
+    accuracy = pd.DataFrame(
+        {"selection": ["solohead", "headwise", "solohead", "headwise"], "budget_tokens": [256, 256, 1024, 1024],
+         "mass_mean": 0.9, "mass_worst_head": 0.8, "rel_l2": 0.1, "argmax_agreement": [0.91, 0.95, 0.99, 0.98],
+         "kl_nats": [0.2, 0.1, 0.01, 0.02]}
+    )  # fmt: skip
+    page = build_page(_hand_made(tmp_path / "a", "accuracy", {"accuracy.csv": accuracy}))
+    assert page.verdict == (
+        "Sparse against dense attention: at 256 budget tokens headwise agrees best, 95.0 % next-token argmax "
+        "agreement, KL 0.1 nats; at 1,024 budget tokens solohead agrees best, 99.0 % next-token argmax agreement, "
+        "KL 0.01 nats."
+    )
+    bench = pd.DataFrame(
+        {"mode": ["per_fragment", "gather_scatter", "per_fragment", "gather_scatter", "plain_copy"],
+         "fragment_bytes": [8192, 8192, 65536, 65536, 1 << 26], "num_fragments": [10, 10, 2, 2, 1],
+         "gbps": [2.0, 10.0, 8.0, 12.0, 20.0]}
+    )  # fmt: skip
+    page = build_page(_hand_made(tmp_path / "b", "engine-bench", {"engine_bench.csv": bench}))
+    assert page.verdict == (
+        "gather_scatter moves 5x the GB/s of one copy per fragment at 8 KiB fragments and 1.5x at 64 KiB; a plain "
+        "copy reaches 20 GB/s."
+    )
