@@ -271,7 +271,8 @@ def _sample_panels(
     series: pd.DataFrame, column: str, until_s: float | None, ylabel: str, title: str, pools: pd.Series | None = None
 ) -> Figure:
     """Per policy and replica, ``column`` of the samples over time: held from each sample to the next, blank where
-    the replica sampled nothing for :data:`GAP_SAMPLES` typical intervals; ``pools`` (per policy) dotted."""
+    the replica sampled nothing for :data:`GAP_SAMPLES` typical intervals (in the min–max band of many replicas an
+    idle replica counts as 0); ``pools`` (per policy) dotted."""
     policies = policies_in_order(series)
     end_s, _ = _window(series["time_s"].to_numpy(float), until_s)
     grid = np.linspace(0.0, end_s, GRID_POINTS)
@@ -293,7 +294,8 @@ def _sample_panels(
                 continue
             i = np.searchsorted(t, grid, "right") - 1  # the last sample at or before each grid time
             j = np.maximum(i, 0)
-            values[int(r)] = np.where((i >= 0) & (grid - t[j] <= gap_s), v[j], np.nan)
+            # an idle replica (no step for gap_s, or none yet) counts as 0 in the band and the median: it runs nothing
+            values[int(r)] = np.where((i >= 0) & (grid - t[j] <= gap_s), v[j], 0.0)
         if values:
             _draw(ax, grid, values, colours, styles[policy]["color"])
         if pools is not None and policy in pools and np.isfinite(pools[policy]):

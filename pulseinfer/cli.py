@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with _signals_raise(), invocation(argv) as written:
+            if getattr(args, "report", False):
+                _check_report_targets(args)
             status = args.run(args)
-            if status == 0 and getattr(args, "report", False):
-                _write_reports(written)
+            if status == 0:
+                _settle(written, getattr(args, "report", False))
             return status
     except Terminated as exc:  # SIGTERM, or SIGHUP (HungUp)
         print(exc.line, file=sys.stderr)
@@ -165,8 +167,31 @@ def _raise_for(signum: int, frame: object) -> None:
     raise RAISED[signum]
 
 
-def _write_reports(folders: list) -> None:
-    """``--report``: the report page of each results folder the command wrote (pulseinfer/page/)."""
+def _check_report_targets(args: argparse.Namespace) -> None:
+    """``--report``, before the command runs: a ``report.html`` of the user's in the named results folder (or one
+    that cannot be written) is refused now, not after the work (pulseinfer/page ``check_target``)."""
+    from pathlib import Path
+
+    from pulseinfer.page import check_target
+
+    for name in ("out", "selection_out", "serving_out"):
+        folder = getattr(args, name, None)
+        if folder is not None and Path(folder).is_dir():
+            check_target(Path(folder))
+
+
+def _settle(folders: list, report: bool) -> None:
+    """After a command succeeded: each folder it wrote in place records this run's provenance and loses its previous
+    report page (pulseinfer/outdir.py ``settle_in_place``); with ``--report``, each folder gets its page
+    (pulseinfer/page/)."""
+    from pulseinfer.outdir import settle_in_place
+    from pulseinfer.provenance import InPlace
+
+    for folder in folders:
+        if isinstance(folder, InPlace):
+            settle_in_place(folder)
+    if not report:
+        return
     from pulseinfer.page import write_report
 
     if not folders:

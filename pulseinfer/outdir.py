@@ -51,13 +51,16 @@ from pulseinfer.marker import (
     claims_of,
     plan_carry,
     read_claims,
+    read_provenance,
     read_writer,
     write_marker,
     written_claims,
 )
 from pulseinfer.provenance import wrote
 
-__all__ = ["MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command"]
+__all__ = [
+    "MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command", "settle_in_place",
+]  # fmt: skip
 FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
 REPORT_PAGE = (
     "report.html"  # a results folder's report page (pulseinfer/page/), removed when a command re-runs in place
@@ -81,6 +84,13 @@ def check_writable(out: Path, command: str, flag: str = "--out") -> Claims:
     """
     if out.name in ("", ".", ".."):
         raise UsageError(f"{flag} {out}: give the folder by a path that ends in its name, not in . or ..")
+    try:
+        str(out.absolute()).encode("utf-8")
+    except UnicodeEncodeError:  # bytes the file system took that are not UTF-8: pyarrow cannot name its files
+        shown = str(out).encode("utf-8", "replace").decode("utf-8")
+        raise UsageError(
+            f"{flag} {shown}: the path is not valid UTF-8 (shown with ?); rename it or give another"
+        ) from None
     if out.is_symlink():
         target = os.path.realpath(out)
         if out.exists():
@@ -258,7 +268,7 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
 
     Its marker lists ``files`` and ``trees`` (folders whose whole content the command writes) besides what it
     listed before, so a later run that replaces ``out`` removes them and keeps everything else. The previous run's
-    report page (``report.html``, when the marker lists it) is removed: it would describe other results.
+    provenance and report page stay until the command succeeds (:func:`settle_in_place`, called by the CLI).
 
     Raises:
         UsageError: see :func:`check_writable` (checked again here, in case the folder changed meanwhile).
@@ -270,11 +280,25 @@ def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iter
     _make_parents(out, "--out")
     out.mkdir(exist_ok=True)
     written = Claims(files=frozenset(files), trees=frozenset(trees))
-    before = read_claims(out) or Claims()
-    if before.owns(REPORT_PAGE, folder=False) and (out / REPORT_PAGE).is_file():
-        (out / REPORT_PAGE).unlink()  # the report page of the previous run would describe other results
-    write_marker(out, command, before | written)
-    wrote(out)
+    before = read_claims(out)
+    # a run that is refused or stopped leaves the previous results: their provenance stays until it succeeds
+    provenance = read_provenance(out) if before is not None else None
+    write_marker(out, command, (before or Claims()) | written, provenance=provenance or None)
+    wrote(out, in_place=True)
+
+
+def settle_in_place(out: Path) -> None:
+    """After a command that wrote ``out`` in place (:func:`mark_results`) succeeded: its marker records this run's
+    provenance, and the previous run's report page (``report.html``, when the marker lists it) is removed, since it
+    describes other results (``--report`` writes the new one after this)."""
+    claims = read_claims(out)
+    if claims is None:
+        return
+    if claims.owns(REPORT_PAGE, folder=False) and (out / REPORT_PAGE).is_file():
+        (out / REPORT_PAGE).unlink()
+    command = (read_writer(out) or "").removeprefix("pulseinfer").strip()
+    if command:
+        write_marker(out, command, claims)
 
 
 def _make_parents(out: Path, flag: str) -> list[Path]:

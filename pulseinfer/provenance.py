@@ -30,9 +30,11 @@ def invocation(argv: list[str]) -> Iterator[list[Path]]:
     the arguments after ``pulseinfer``, as :func:`pulseinfer.cli.main` received them).
 
     Yields:
-        The results folders written inside the block, in order, as :func:`wrote` adds them (``--report``'s pages).
+        The results folders written inside the block, in order, as :func:`wrote` adds them (``--report``'s pages);
+        each a ``Path``, or for a folder written in place (:func:`pulseinfer.outdir.mark_results`) an
+        :class:`InPlace` holding it, which the caller settles once the command succeeded.
     """
-    written: list[Path] = []
+    written: list = []
     token = _CURRENT.set({"command_line": shlex.join(["pulseinfer", *argv]), "written": written})
     try:
         yield written
@@ -56,11 +58,19 @@ def current() -> dict:
     }
 
 
-def wrote(folder: Path) -> None:
-    """Note that the running command finished writing the results folder ``folder`` (pulseinfer/outdir.py)."""
+class InPlace(Path().__class__):
+    """A results folder the running command writes in place (sweep, search, cases): its marker keeps the previous
+    run's provenance, and its previous report page, until the command succeeds (pulseinfer/outdir.py
+    ``settle_in_place``)."""
+
+
+def wrote(folder: Path, in_place: bool = False) -> None:
+    """Note that the running command writes (staged: has written) the results folder ``folder``
+    (pulseinfer/outdir.py); ``in_place``: it writes there directly, and is settled only on success."""
     running = _CURRENT.get()
-    if running is not None and folder not in running["written"]:
-        running["written"].append(folder)
+    entry = InPlace(folder) if in_place else Path(folder)
+    if running is not None and entry not in running["written"]:
+        running["written"].append(entry)
 
 
 @cache

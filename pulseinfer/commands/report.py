@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pulseinfer.errors import UsageError
 from pulseinfer.helpfmt import DefaultsHelpFormatter
 
 
@@ -20,12 +21,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "accuracy and engine-bench; every command also takes --report to write it at the end.",
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="a folder a pulseinfer command wrote (--out)")
+    p.add_argument("results_dir", metavar="RESULTS_DIR", help="a folder a pulseinfer command wrote (--out)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from pulseinfer.page import write_report
 
-    print(f"wrote {write_report(args.results_dir)}")
+    if not args.results_dir.strip():  # Path("") would be the current folder
+        raise UsageError("RESULTS_DIR '': an empty path; give a results folder (--out of a pulseinfer command)")
+    print(f"wrote {write_report(Path(args.results_dir))}")
     return 0

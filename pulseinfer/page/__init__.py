@@ -98,15 +98,13 @@ def write_report(path: Path) -> Path:
     return its path.
 
     Raises:
-        UsageError: see :func:`build_page`; also an empty path, a ``report.html`` there that pulseinfer did not
-            write (a file of yours is never replaced) or that is not a file, a folder that cannot be written.
+        UsageError: see :func:`build_page`; also a ``report.html`` there that pulseinfer did not write (a file of
+            yours is never replaced) or that is not a file, a folder that cannot be written (:func:`check_target`).
         OSError: the page cannot be written (named ``path/report.html``; no temporary file is left).
     """
-    if not str(path).strip():
-        raise UsageError("RESULTS_DIR '': an empty path; give a results folder (--out of a pulseinfer command)")
     path = Path(path)
     out = path / REPORT
-    _check_target(path, out)
+    check_target(path)
     text = render(build_page(path))
     tmp = path / f".{REPORT}.{os.getpid()}.tmp"
     try:
@@ -119,9 +117,11 @@ def write_report(path: Path) -> Path:
     return out
 
 
-def _check_target(path: Path, out: Path) -> None:
-    """UsageError unless ``out`` (``path/report.html``) may be written: absent, or a file the folder's marker lists
-    (an earlier page), in a folder this process may write."""
+def check_target(path: Path) -> None:
+    """UsageError unless ``path/report.html`` may be written: absent, or a file the folder's marker lists (an
+    earlier page), in a folder this process may write (a folder not there yet passes: ``--report`` checks before
+    its command runs)."""
+    out = Path(path) / REPORT
     if path.is_dir() and os.path.lexists(out):
         claims = read_claims(path)
         if out.is_symlink() or not out.is_file():

@@ -21,8 +21,8 @@ CAPTIONS = {
     "pareto": "Decode tokens per second per GPU against tokens per second per user (1 / mean TPOT), one marker per "
     "configuration and load; filled markers met the SLO. The line marks the Pareto front: no configuration beats a "
     "point on it in both. Right of the SLO line is where the p99 TPOT bound can hold.",
-    "compare_": "The A/B ratio of the compared metric over the two grid keys (sweep --compare): above 1, policy A "
-    "is better there.",
+    "compare_": "The ratio A/B of the compared metric in each cell of the two grid keys (sweep --compare): above 1 "
+    "A's value is the higher, which is better for goodput or throughput and worse for a latency.",
     "validation_cdfs": "Per-request TTFT, TPOT and ITL distributions: the real server's run (measured) and its "
     "simulated replay. Curves that lie on each other mean the simulator reproduces the server.",
     "validation_sweep": "Each run of a sweep file, measured and simulated, against the swept load: where the two "
@@ -67,7 +67,7 @@ def collect_figures(folder: Folder, draw: bool) -> list[Figure]:
     figures: list[Figure] = []
     order = {name: i for i, name in enumerate(drawn_captions)}  # pulseinfer plot's order: latency first
     files = sorted(folder.figure_files(), key=lambda p: (p.parent != folder.path, order.get(p.stem, len(order))))
-    if draw and not any(p.parent.name == "plots" for p in files):
+    if draw and not any(p.parent != folder.path for p in files):  # no figure of these results in plots/
         figures += _draw(folder, drawn_captions)
     for path in files:
         rel = path.relative_to(folder.path).as_posix()

@@ -69,8 +69,10 @@ class Folder:
         return data if isinstance(data, dict) else {}
 
     def figure_files(self) -> list[Path]:
-        """The PNG files pulseinfer wrote (the folder's marker, and ``plots/``'s, list them) at the folder's top and
-        in its ``plots/`` folder, in name order; symbolic links and files of yours are left out."""
+        """The PNG files of these results, in name order: those the folder's marker lists (at its top and in
+        ``plots/``, drawn by the same run) and those ``plots/``'s own marker lists when ``pulseinfer plot`` drew
+        them after these results were written (figures of an earlier run, carried over by a re-run, are left out);
+        symbolic links and files of yours are left out too."""
         from pulseinfer.marker import Claims, claims_of, read_claims
 
         claims = claims_of(self.path) or Claims()
@@ -79,7 +81,10 @@ class Folder:
             folder = self.path / sub if sub else self.path
             if not folder.is_dir() or folder.is_symlink():
                 continue
-            owned = claims.below(sub) | (read_claims(folder) or Claims()) if sub else claims
+            owned = claims
+            if sub:
+                later = read_claims(folder) if _written_after(folder, self.path) else None
+                owned = claims.below(sub) | (later or Claims())
             for path in sorted(folder.glob("*.png")):
                 if path.is_file() and not path.is_symlink() and owned.owns(path.name, folder=False):
                     found.append(path)
@@ -108,3 +113,17 @@ def slo_of(scenario: dict) -> dict:
     """The scenario's ``slo`` mapping (tpot_ms, ttft_s, ...), {} without one."""
     slo = scenario.get("slo") if isinstance(scenario, dict) else None
     return slo if isinstance(slo, dict) else {}
+
+
+def _written_after(inner: Path, outer: Path) -> bool:
+    """Whether the results folder ``inner`` (a ``plots/`` of ``pulseinfer plot``) was written no earlier than
+    ``outer``: by their markers' recorded dates (UTC, to the second), else by the markers' file times."""
+    from pulseinfer.marker import MARKER, read_provenance
+
+    a, b = read_provenance(inner).get("written_at"), read_provenance(outer).get("written_at")
+    if isinstance(a, str) and isinstance(b, str):
+        return a >= b
+    try:
+        return (inner / MARKER).stat().st_mtime >= (outer / MARKER).stat().st_mtime
+    except OSError:
+        return False

@@ -11,6 +11,7 @@ import re
 
 import pandas as pd
 
+from pulseinfer.marker import read_provenance
 from pulseinfer.page.folder import Folder, fmt, number, slo_of
 from pulseinfer.page.html import Page, Table
 
@@ -62,8 +63,27 @@ def simulate_page(folder: Folder) -> Page:
     page.tables.append(Table("The bill", display_frame(summary, BILL), "", ("policy", "router")))
     if fleet:
         page.tables.append(Table("Replicas", display_frame(replicas, REPLICAS), "", ("policy",)))
-    page.notes += summary_notes(summary)
+    page.notes += summary_notes(summary) + _rejections(folder, scenario)
     return page
+
+
+def _rejections(folder: Folder, scenario: dict) -> list[str]:
+    """``POLICY rejected N requests: why`` per policy and reason (requests that can never run here: the console's
+    ``rejected:`` lines, sim.metrics.rejected_by_reason), from the requests table."""
+    from pulseinfer.report import REJECTION_REASONS
+    from sim.metrics import rejected_by_reason
+
+    requests = folder.table("requests.csv")
+    if requests is None or not {"policy", "unfinished_reason"} <= set(requests.columns):
+        return []
+    model = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
+    lines = []
+    for policy, rows in requests.groupby("policy", sort=False):
+        for reason, count in rejected_by_reason(rows).items():
+            why = REJECTION_REASONS.get(reason, reason)
+            why = why.split(" of {kv_pool_gib", 1)[0].format(max_seq_len=model.get("max_seq_len", "?"))
+            lines.append(f"{policy} rejected {count} request(s): {why}")
+    return lines
 
 
 TIE_REL = 1e-6  # goodputs this close (relative) are a tie: the verdict names every policy that has it
@@ -133,30 +153,50 @@ def plan_page(folder: Folder) -> Page:
             from study.plan import cheapest_fleets
 
             best = cheapest_fleets(table).iloc[0]  # the console's "cheapest fleet" table, same order and tie-break
+            tied = _ties(priced, best, ["usd_per_hour", "usd_per_million_output_tokens"])
             cost = (
                 f", {fmt(best['gpus_billed'])} GPUs billed, ${fmt(best['usd_per_hour'])}/h, "
                 f"${fmt(best['usd_per_million_output_tokens'])} per M output tokens"
             )
             how = "cheapest"
         else:
-            best = ok.loc[ok["gpus_for_target"].map(number).idxmin()]
-            cost, how = f", {fmt(best['gpus_for_target'])} decode GPUs", "fewest GPUs"
+            gpus = "gpus_billed" if ok["gpus_billed"].map(number).notna().all() else "gpus_for_target"
+            best = ok.loc[ok[gpus].map(number).idxmin()]
+            tied = _ties(ok, best, [gpus])
+            what = "GPUs billed" if gpus == "gpus_billed" else "decode GPUs"
+            cost, how = f", {fmt(best[gpus])} {what}", "fewest GPUs"
         page.verdict = (
             f"For {fmt(target)} req/s{slo}, {how}: {best['policy']} on {best['hardware']}, "
             f"{fmt(best['replicas_for_target'])} "
             f"replica(s) of TP{fmt(best['tp_size'])} behind {best['router']}{cost} "
-            f"(one replica sustains {fmt(best['max_rate_per_s'])} req/s)."
+            f"(one replica sustains {fmt(best['max_rate_per_s'])} req/s){_tie_text(tied, best)}."
         )
     else:
         if ok.empty:
             page.verdict, page.warn = f"No card and policy meets the SLO{slo} even at the lowest rate tried.", True
             return page
         best = ok.loc[ok["max_rate_per_s"].map(number).idxmax()]
+        tied = _ties(ok, best, ["max_rate_per_s"])
         page.verdict = (
             f"Highest rate one replica sustains{slo or ' under the SLO'}: {best['policy']} on {best['hardware']}, "
-            f"{fmt(best['max_rate_per_s'])} req/s ({fmt(best['decode_tokens_per_s'])} decode tok/s)."
+            f"{fmt(best['max_rate_per_s'])} req/s ({fmt(best['decode_tokens_per_s'])} decode tok/s)"
+            f"{_tie_text(tied, best)}."
         )
     return page
+
+
+def _ties(rows: pd.DataFrame, best: pd.Series, columns: list[str]) -> list[str]:
+    """``policy on hardware`` of the other rows (cards × policies, routers folded) equal to ``best`` on ``columns``."""
+    same = pd.Series(True, index=rows.index)
+    for col in columns:
+        values, ref = rows[col].map(number), number(best[col])
+        same &= (values - ref).abs() <= 1e-9 * max(1.0, abs(ref))
+    names = dict.fromkeys(f"{r['policy']} on {r['hardware']}" for _, r in rows[same].iterrows())
+    return [n for n in names if n != f"{best['policy']} on {best['hardware']}"]
+
+
+def _tie_text(tied: list[str], best: pd.Series) -> str:
+    return f"; tied with {', '.join(tied)}" if tied else ""
 
 
 def sweep_page(folder: Folder) -> Page:
@@ -171,8 +211,9 @@ def sweep_page(folder: Folder) -> Page:
     group = [*keys, "policy"]
     metrics = [c for c in ("goodput_requests_per_s", "decode_tokens_per_s", "tpot_p99_s", "ttft_p99_s") if c in table]
     mean = table.groupby(group, sort=False, dropna=False)[metrics].mean().reset_index()
-    if "slo_met" in table:
-        mean["slo_met"] = table.groupby(group, sort=False, dropna=False)["slo_met"].mean().to_numpy()
+    if "slo_met" in table:  # the fraction of seeds that met the SLO (True/False read back from the CSV)
+        met = table["slo_met"].astype(str).str.lower().eq("true")
+        mean["slo_met"] = met.groupby([table[c] for c in group], sort=False, dropna=False).mean().to_numpy()
     shown = mean[group].astype(str)
     for col, header, scale in (
         ("goodput_requests_per_s", "goodput req/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),
@@ -186,8 +227,32 @@ def sweep_page(folder: Folder) -> Page:
     compare = folder.table("compare.csv")
     if compare is not None and "ratio" in compare and len(compare):
         ratio = compare["ratio"].map(number)
-        page.verdict += f" A/B ratio over the grid: {fmt(ratio.min())} to {fmt(ratio.max())}."
+        compared = next((c[2:] for c in compare.columns if c.startswith("a_") and not c.endswith("_frac")), "metric")
+        page.verdict += (
+            f" {_compared_pair(folder)} {compared} over the grid: {fmt(ratio.min())} to {fmt(ratio.max())}"
+            f" ({'lower' if compared.startswith(LOWER_IS_BETTER) else 'higher'} is better for A)."
+        )
     return page
+
+
+LOWER_IS_BETTER = ("tpot", "ttft", "itl", "e2e", "kl", "decode_queue", "stall", "peak_hbm", "duration")
+
+
+def _compared_pair(folder: Folder) -> str:
+    """``A/B`` of the ``--compare`` the folder's run was given (its recorded command line), else ``A/B``."""
+    import shlex
+
+    line = read_provenance(folder.path).get("command_line") or ""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return "A/B"
+    found = [
+        w.split("=", 1)[1] if "=" in w else nxt
+        for w, nxt in zip(words, [*words[1:], ""])
+        if w.split("=")[0] == "--compare"
+    ]
+    return found[-1] if found and found[-1] else "A/B"
 
 
 LOAD_SUFFIXES = ("rate_per_s", "max_concurrency", "time_scale")  # grid keys that set the offered load
@@ -196,15 +261,16 @@ LOAD_SUFFIXES = ("rate_per_s", "max_concurrency", "time_scale")  # grid keys tha
 def _sweep_verdict(mean: pd.DataFrame, keys: list[str], metric: str | None) -> tuple[str, bool]:
     """The sweep's answer: at the highest offered load of the grid (a key in :data:`LOAD_SUFFIXES`; goodput grows
     with load, so ranking across loads only finds the highest), the policy and settings with the most goodput among
-    the points that met the SLO; each setting named only for the policy it applies to (``policy.P.*``)."""
+    the points that met the SLO on at least half of their seeds (as the Pareto figure counts them); each setting
+    named only for the policy it applies to (``policy.P.*``)."""
     if metric is None:
         return "sweep.csv has no goodput column: no grid point to rank.", True
     loads = [k for k in keys if k.endswith(LOAD_SUFFIXES)]
     where = ""
-    if loads:
-        top = mean[loads[0]].max()
+    if loads:  # time_scale stretches the arrival gaps: its smallest value is the highest load
+        top = mean[loads[0]].min() if loads[0].endswith("time_scale") else mean[loads[0]].max()
         mean, where = mean[mean[loads[0]] == top], f" at the highest load ({loads[0]}={top})"
-    pool = mean[mean["slo_met"] > 0] if "slo_met" in mean else mean
+    pool = mean[mean["slo_met"] >= 0.5] if "slo_met" in mean else mean  # as the Pareto figure: half the seeds
     values = pool[metric].map(number)
     if pool.empty or values.isna().all():
         return f"No grid point met the SLO{where}.", True
@@ -248,6 +314,7 @@ def search_page(folder: Folder) -> Page:
                 f"p99 {fmt(number(r.get('tpot_p99_s')) * 1e3)} ms{_objective(header[0])}. Its settings: best.yaml."
             )
         page.notes += header[1:2]
+        page.warn = feasible == 0
     else:
         page.verdict, page.warn = f"No best trial recorded ({feasible} of {n} trials feasible).", True
     for name, title in (("pareto.csv", "Pareto front of the feasible trials"), ("trials.csv", "Trials")):
