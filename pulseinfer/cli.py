@@ -182,9 +182,9 @@ def _check_report_targets(args: argparse.Namespace) -> None:
 
 def _settle(folders: list, report: bool) -> None:
     """After a command succeeded: each folder it wrote in place records this run's provenance and loses its previous
-    report page (pulseinfer/outdir.py ``settle_in_place``); with ``--report``, each folder gets its page
+    report page (pulseinfer/in_place.py ``settle_in_place``); with ``--report``, each folder gets its page
     (pulseinfer/page/)."""
-    from pulseinfer.outdir import settle_in_place
+    from pulseinfer.in_place import settle_in_place
     from pulseinfer.provenance import InPlace
 
     for folder in folders:

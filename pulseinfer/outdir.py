@@ -28,8 +28,8 @@ versions wrote (.csv, .parquet, .yaml, .json, .png, .svg, .pdf) at the folder's 
 which adds them) starts the staging folder with copies of the folder's pulseinfer files and of the files at
 its top, so the command can read them; a copy the run left unchanged gives way to the original, a changed one
 replaces it (the folder must still be empty or written by calibrate). Commands that write ``--out`` in place
-(``sweep``, ``search``, ``cases``: a cache or a study journal that a re-run resumes) call :func:`mark_results`
-instead.
+(``sweep``, ``search``, ``cases``: a cache or a study journal that a re-run resumes) call
+:func:`pulseinfer.in_place.mark_results` instead.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,27 +51,21 @@ from pulseinfer.marker import (
     claims_of,
     plan_carry,
     read_claims,
-    read_provenance,
     read_writer,
     write_marker,
     written_claims,
 )
 from pulseinfer.provenance import wrote
 
-__all__ = [
-    "MARKER", "StageKept", "check_writable", "mark_results", "results_folder", "same_command", "settle_in_place",
-]  # fmt: skip
+__all__ = ["MARKER", "StageKept", "check_owner", "check_writable", "make_parents", "results_folder", "same_command"]
 FIGURES = "plots"  # the figure folder inside a results folder, which `pulseinfer plot` may (re)draw
-REPORT_PAGE = (
-    "report.html"  # a results folder's report page (pulseinfer/page/), removed when a command re-runs in place
-)
 
 
 def check_writable(out: Path, command: str, flag: str = "--out") -> Claims:
     """Raise UsageError (one line naming ``flag`` and the path) unless ``command`` may (re)write ``out``.
 
     Creates nothing: a missing parent folder is checked through its nearest existing ancestor (the parents are
-    created by :func:`results_folder` or :func:`mark_results`, once every input check has passed).
+    created by :func:`results_folder` or :func:`pulseinfer.in_place.mark_results`, once every input check has passed).
 
     Args:
         out: the folder the user named.
@@ -100,7 +94,7 @@ def check_writable(out: Path, command: str, flag: str = "--out") -> Claims:
         raise UsageError(f"{flag} {out}: exists and is not a folder; give a folder path")
     claims = Claims()
     if out.is_dir():
-        claims = _check_owner(out, flag, command)
+        claims = check_owner(out, flag, command)
         _check_carry(out, flag, claims)
     parent = out.absolute().parent
     while not os.path.lexists(parent):
@@ -122,7 +116,7 @@ def same_command(writer: str, command: str) -> bool:
     return writer.split()[1:2] == command.split()[:1]
 
 
-def _check_owner(out: Path, flag: str, command: str) -> Claims:
+def check_owner(out: Path, flag: str, command: str) -> Claims:
     """The claims of the existing folder ``out`` if ``command`` may replace it; UsageError otherwise.
 
     Allowed: a folder whose own marker ``command`` wrote; an empty folder that no results folder claims; the figure
@@ -198,7 +192,7 @@ def results_folder(out: Path, command: str, flag: str = "--out", update: bool = 
         OSError: the staging folder cannot be created (the CLI prints one line).
     """
     claims = check_writable(out, command, flag)
-    created = _make_parents(out, flag)  # removed again if the run fails
+    created = make_parents(out, flag)  # removed again if the run fails
     stage = None
     try:
         remove_stale_stages(out)
@@ -263,45 +257,7 @@ def remove_stale_stages(out: Path) -> list[Path]:
     return removed
 
 
-def mark_results(out: Path, command: str, files: Iterable[str] = (), trees: Iterable[str] = ()) -> None:
-    """Create ``out`` (after :func:`check_writable`) as a results folder that ``command`` writes in place.
-
-    Its marker lists ``files`` and ``trees`` (folders whose whole content the command writes) besides what it
-    listed before, so a later run that replaces ``out`` removes them and keeps everything else. The previous run's
-    provenance and report page stay until the command succeeds (:func:`settle_in_place`, called by the CLI).
-
-    Raises:
-        UsageError: see :func:`check_writable` (checked again here, in case the folder changed meanwhile).
-    """
-    if out.is_dir() and not out.is_symlink():
-        _check_owner(out, "--out", command)  # nothing is moved: the owner is what matters
-    else:
-        check_writable(out, command)
-    _make_parents(out, "--out")
-    out.mkdir(exist_ok=True)
-    written = Claims(files=frozenset(files), trees=frozenset(trees))
-    before = read_claims(out)
-    # a run that is refused or stopped leaves the previous results: their provenance stays until it succeeds
-    provenance = read_provenance(out) if before is not None else None
-    write_marker(out, command, (before or Claims()) | written, provenance=provenance or None)
-    wrote(out, in_place=True)
-
-
-def settle_in_place(out: Path) -> None:
-    """After a command that wrote ``out`` in place (:func:`mark_results`) succeeded: its marker records this run's
-    provenance, and the previous run's report page (``report.html``, when the marker lists it) is removed, since it
-    describes other results (``--report`` writes the new one after this)."""
-    claims = read_claims(out)
-    if claims is None:
-        return
-    if claims.owns(REPORT_PAGE, folder=False) and (out / REPORT_PAGE).is_file():
-        (out / REPORT_PAGE).unlink()
-    command = (read_writer(out) or "").removeprefix("pulseinfer").strip()
-    if command:
-        write_marker(out, command, claims)
-
-
-def _make_parents(out: Path, flag: str) -> list[Path]:
+def make_parents(out: Path, flag: str) -> list[Path]:
     """Create ``out``'s missing parent folders; returns those created, outermost first. UsageError if one cannot
     be created."""
     created = []

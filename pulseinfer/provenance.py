@@ -31,7 +31,7 @@ def invocation(argv: list[str]) -> Iterator[list[Path]]:
 
     Yields:
         The results folders written inside the block, in order, as :func:`wrote` adds them (``--report``'s pages);
-        each a ``Path``, or for a folder written in place (:func:`pulseinfer.outdir.mark_results`) an
+        each a ``Path``, or for a folder written in place (:func:`pulseinfer.in_place.mark_results`) an
         :class:`InPlace` holding it, which the caller settles once the command succeeded.
     """
     written: list = []
@@ -60,13 +60,14 @@ def current() -> dict:
 
 class InPlace(Path().__class__):
     """A results folder the running command writes in place (sweep, search, cases): its marker keeps the previous
-    run's provenance, and its previous report page, until the command succeeds (pulseinfer/outdir.py
+    run's provenance, and its previous report page, until the command succeeds (pulseinfer/in_place.py
     ``settle_in_place``)."""
 
 
 def wrote(folder: Path, in_place: bool = False) -> None:
     """Note that the running command writes (staged: has written) the results folder ``folder``
-    (pulseinfer/outdir.py); ``in_place``: it writes there directly, and is settled only on success."""
+    (pulseinfer/outdir.py, pulseinfer/in_place.py); ``in_place``: it writes there directly, and is settled only on
+    success."""
     running = _CURRENT.get()
     entry = InPlace(folder) if in_place else Path(folder)
     if running is not None and entry not in running["written"]:
@@ -76,32 +77,25 @@ def wrote(folder: Path, in_place: bool = False) -> None:
 @cache
 def checkout_commit() -> str | None:
     """The HEAD commit of the git checkout pulseinfer runs from (an editable install), or None (an installed wheel,
-    no git, or a checkout git cannot read). Asked once per process; git gets 5 s."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and len(commit) == 40 else None
+    no git, or a checkout git cannot read). Asked once per process."""
+    commit = (_git("rev-parse", "HEAD") or "").strip()
+    return commit if len(commit) == 40 else None
 
 
 def uncommitted_changes() -> bool | None:
     """Whether the checkout's tracked files differ from its HEAD (``git status``), so the commit alone does not say
-    what ran; None if git cannot tell. Asked at each call (a session edits between runs); git gets 5 s."""
+    what ran; None if git cannot tell. Asked at each call (a session edits between runs)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status.strip())
+
+
+def _git(*args: str) -> str | None:
+    """``git ARGS`` run in pulseinfer's own folder: its standard output, or None (no git, not a checkout, a failure,
+    more than 5 s)."""
     try:
         out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            ["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None

@@ -14,8 +14,9 @@ import pulseinfer.tables_io
 import sim.run
 from pulseinfer.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
 from pulseinfer.errors import UsageError
+from pulseinfer.in_place import mark_results
 from pulseinfer.marker import Claims, write_marker
-from pulseinfer.outdir import MARKER, mark_results, results_folder
+from pulseinfer.outdir import MARKER, results_folder
 
 TINY = [
     "workload.trace=null",

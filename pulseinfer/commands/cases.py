@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pulseinfer.commands import check_out_folder
 from pulseinfer.errors import UsageError
-from pulseinfer.outdir import mark_results
+from pulseinfer.in_place import mark_results
 from pulseinfer.progress import Bar
 
 EPILOG = """\

@@ -10,7 +10,7 @@ from pathlib import Path
 from pulseinfer.bigrun import Pace, add_yes, announce, check_size
 from pulseinfer.commands import add_overrides, check_out_folder, check_seed
 from pulseinfer.errors import EXIT_FAILED, UsageError, flag_names, usage_errors
-from pulseinfer.outdir import mark_results
+from pulseinfer.in_place import mark_results
 from pulseinfer.progress import Bar
 
 # run_search argument or SearchConfig field → the flag that sets it (study.search.SearchError names the field)

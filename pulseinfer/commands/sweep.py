@@ -13,7 +13,7 @@ from pathlib import Path
 from pulseinfer.bigrun import CONFIRM_SIMULATIONS, Pace, add_yes, announce, check_size, write
 from pulseinfer.commands import add_overrides, check_out_folder
 from pulseinfer.errors import UsageError, flag_names
-from pulseinfer.outdir import mark_results
+from pulseinfer.in_place import mark_results
 from pulseinfer.progress import Bar
 
 # SweepConfig field / run_sweep argument → flag (SweepError, ExecutorError and AccuracyError name the field)

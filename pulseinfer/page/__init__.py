@@ -80,10 +80,9 @@ def build_page(path: Path) -> Page:
         ) from None
     page.figures = collect_figures(folder, draw=command == "simulate")
     page.notes += folder.notes
-    for name in ("scenario.yaml",):
-        text = folder.text(name)
-        if text:
-            page.texts.insert(0, (name, text))
+    scenario = folder.text("scenario.yaml")
+    if scenario:
+        page.texts.insert(0, ("scenario.yaml", scenario))
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     page.provenance = {
         **read_provenance(path),

@@ -239,20 +239,24 @@ LOWER_IS_BETTER = ("tpot", "ttft", "itl", "e2e", "kl", "decode_queue", "stall", 
 
 
 def _compared_pair(folder: Folder) -> str:
-    """``A/B`` of the ``--compare`` the folder's run was given (its recorded command line), else ``A/B``."""
+    """``A/B`` of the ``--compare`` the folder's run was given (its recorded command line, read by ``sweep``'s own
+    parser, pulseinfer/commands/sweep.py), else ``A/B``."""
+    import argparse
+    import contextlib
+    import io
     import shlex
 
-    line = read_provenance(folder.path).get("command_line") or ""
+    from pulseinfer.commands import sweep
+
+    parser = argparse.ArgumentParser(prog="pulseinfer")
+    sweep.add_parser(parser.add_subparsers())
     try:
-        words = shlex.split(line)
-    except ValueError:
+        words = shlex.split(read_provenance(folder.path).get("command_line") or "")
+        with contextlib.redirect_stderr(io.StringIO()):  # a line argparse refuses: no usage text on the console
+            args, _ = parser.parse_known_args(words[1:])
+    except (ValueError, SystemExit):
         return "A/B"
-    found = [
-        w.split("=", 1)[1] if "=" in w else nxt
-        for w, nxt in zip(words, [*words[1:], ""])
-        if w.split("=")[0] == "--compare"
-    ]
-    return found[-1] if found and found[-1] else "A/B"
+    return getattr(args, "compare", None) or "A/B"
 
 
 LOAD_SUFFIXES = ("rate_per_s", "max_concurrency", "time_scale")  # grid keys that set the offered load

@@ -264,7 +264,7 @@ def test_accuracy_and_engine_bench_verdicts(tmp_path):
 def test_an_in_place_run_that_does_not_succeed_leaves_the_page_and_provenance(report_folders, tmp_path):
     """sweep, search and cases write in place: their marker is written before the work, yet a run refused or
     stopped after that leaves the previous run's provenance and page; only success settles them."""
-    from pulseinfer.outdir import mark_results, settle_in_place
+    from pulseinfer.in_place import mark_results, settle_in_place
     from pulseinfer.provenance import invocation
 
     folder = _copy(report_folders["cases"], tmp_path / "c")
