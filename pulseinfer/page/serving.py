@@ -14,26 +14,28 @@ import pandas as pd
 from pulseinfer.marker import read_provenance
 from pulseinfer.page.folder import Folder, fmt, number, slo_of
 from pulseinfer.page.html import Page, Table
+from study.slo import TailSlo
+
+
+def tail_slo(slo: dict) -> TailSlo:
+    """A scenario's ``slo`` mapping (``tpot_ms``, ``ttft_s``; blank or absent: unbounded) as the p99 bounds plan and
+    search check (study/slo.py ``TailSlo``, seconds)."""
+    tpot_ms, ttft_s = number(slo.get("tpot_ms")), number(slo.get("ttft_s"))
+    return TailSlo(tpot_ms * 1e-3 if tpot_ms == tpot_ms else None, ttft_s if ttft_s == ttft_s else None)
 
 
 def slo_text(slo: dict) -> str:
     """``TPOT p99 ≤ 50 ms, TTFT p99 ≤ 10 s`` from a scenario's slo mapping; "no SLO" without bounds."""
-    parts = []
-    if number(slo.get("tpot_ms")) == number(slo.get("tpot_ms")):
-        parts.append(f"TPOT p99 ≤ {fmt(slo['tpot_ms'])} ms")
-    if number(slo.get("ttft_s")) == number(slo.get("ttft_s")):
-        parts.append(f"TTFT p99 ≤ {fmt(slo['ttft_s'])} s")
+    bounds = tail_slo(slo).bounds()
+    parts = [f"TPOT p99 ≤ {fmt(bounds['tpot_p99_s'] * 1e3)} ms"] if "tpot_p99_s" in bounds else []
+    parts += [f"TTFT p99 ≤ {fmt(bounds['ttft_p99_s'])} s"] if "ttft_p99_s" in bounds else []
     return ", ".join(parts) or "no SLO"
 
 
 def meets(row: pd.Series, slo: dict) -> bool | None:
-    """Whether a summary row's p99 TPOT and TTFT meet the scenario's SLO (None: no SLO or no value)."""
-    checks = []
-    if number(slo.get("tpot_ms")) == number(slo.get("tpot_ms")):
-        checks.append(number(row.get("tpot_p99_s")) * 1e3 <= float(slo["tpot_ms"]))
-    if number(slo.get("ttft_s")) == number(slo.get("ttft_s")):
-        checks.append(number(row.get("ttft_p99_s")) <= float(slo["ttft_s"]))
-    return all(checks) if checks else None
+    """Whether a summary row's p99 TPOT and TTFT meet the scenario's SLO (None: no SLO; a missing value misses)."""
+    bounds = tail_slo(slo).bounds()
+    return all(number(row.get(col)) <= bound for col, bound in bounds.items()) if bounds else None
 
 
 def simulate_page(folder: Folder) -> Page:
